@@ -1,0 +1,374 @@
+"""Qwen3-architecture decoder (dense and MoE) in Flax Linen, with a KV cache and MoE routing replay.
+
+The network is architecturally identical to Hugging Face's Qwen3 / Qwen3-MoE (and, with `qk_norm=False`,
+`attention_bias=True`, to Qwen2), so real checkpoints load through `rlkit.models.hf`:
+
+  h   = embed(tokens)
+  per layer:  h += Attn(RMSNorm(h));  h += MLP(RMSNorm(h))        (MLP = SwiGLU, or a top-k MoE of SwiGLUs)
+  Attn: GQA with per-head RMSNorm on q and k (Qwen3), RoPE (rotate-half form, theta from config),
+        softmax(q k^T / sqrt(d) + causal&padding mask) v
+  logits = RMSNorm(h) @ W_lm   (W_lm = embedding^T when tied)
+
+Layout choices (why): the q/k/v projections are one kernel `[D, KV, G+2, hd]` (for each KV head: its G query
+heads, then k, then v) and the SwiGLU gate/up are one kernel `[D, 2, F]`, so each is a single matmul per
+step (decode on CPU is dominated by per-op overhead and small matmuls), and tensor parallelism shards the
+KV-head / F axes without splitting a head. Matmuls take `preferred_element_type=float32`, which is what makes
+bf16 fast on CPUs with AMX and accurate everywhere.
+
+Positions are explicit: with left-padded prompts, `positions = cumsum(mask) - 1`, so padded and unpadded
+prompts give the same logits on real tokens. `Transformer.__call__(tokens)` returns logits `[B, T, V]`;
+`Transformer.forward` is the full interface (cache, routing replay, hidden states).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def as_dtype(name_or_dtype: Any) -> Any:
+  if isinstance(name_or_dtype, str):
+    if name_or_dtype not in _DTYPES:
+      raise ValueError(f"Unknown dtype {name_or_dtype!r}; use one of {sorted(_DTYPES)}.")
+    return _DTYPES[name_or_dtype]
+  return name_or_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyper-parameters of a Qwen3-style decoder; field names follow rlkit, `hf.py` maps HF's names."""
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 1_000_000.0
+  tie_word_embeddings: bool = False
+  qk_norm: bool = True            # Qwen3: RMSNorm on each q/k head; Qwen2/Llama: False
+  attention_bias: bool = False    # Qwen2: bias on q/k/v projections
+  # Mixture of experts (Qwen3-MoE); num_experts == 0 means dense.
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = True
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  param_dtype: str = "float32"
+  dtype: str = "float32"          # compute dtype of activations and matmul inputs
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}.")
+    if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+      raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts="
+                       f"{self.num_experts}] for a MoE model.")
+    as_dtype(self.param_dtype), as_dtype(self.dtype)
+
+  @property
+  def q_per_kv(self) -> int:
+    return self.num_heads // self.num_kv_heads
+
+  def is_moe_layer(self, i: int) -> bool:
+    return (self.num_experts > 0 and i not in self.mlp_only_layers
+            and (i + 1) % self.decoder_sparse_step == 0)
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+  def replace(self, **kw) -> "TransformerConfig":
+    return dataclasses.replace(self, **kw)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Decode state: per-layer keys/values `[B, S, KV, hd]`, which slots hold real tokens, the next slot."""
+  keys: tuple[Array, ...]
+  values: tuple[Array, ...]
+  slot_mask: Array      # [B, S] bool
+  index: Array          # [] int32, next slot to write (the same for every row)
+
+  @property
+  def max_len(self) -> int:
+    return self.slot_mask.shape[1]
+
+
+def init_cache(cfg: TransformerConfig, batch: int, max_len: int) -> KVCache:
+  shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  dt = as_dtype(cfg.dtype)
+  zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers))
+  return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+                 slot_mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+
+
+@flax.struct.dataclass
+class ModelOutput:
+  logits: Array                       # [B, T, V] float32
+  hidden: Array                       # [B, T, D] final-norm hidden states
+  cache: Optional[KVCache] = None
+  routed_experts: Optional[Array] = None   # [B, T, L_moe, k] int32 (MoE only)
+
+
+def positions_from_mask(mask: Array) -> Array:
+  """Position ids for left-padded rows: real tokens count 0, 1, 2, ...; pads get 0."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def _dot(eq: str, x: Array, w: Array, dtype) -> Array:
+  """Matmul in the compute dtype with float32 accumulation, result in the compute dtype."""
+  out = jnp.einsum(eq, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+  return out.astype(dtype)
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    # HF order: cast the normalised value to the input dtype, then scale.
+    return scale.astype(self.dtype) * y.astype(self.dtype)
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+  """Rotary embedding, rotate-half form (as HF Qwen/Llama). x: [B, T, ..., hd], positions: [B, T]."""
+  hd = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq          # [B, T, hd/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  extra = x.ndim - 3
+  cos = jnp.cos(emb).reshape(emb.shape[:2] + (1,) * extra + (hd,)).astype(x.dtype)
+  sin = jnp.sin(emb).reshape(emb.shape[:2] + (1,) * extra + (hd,)).astype(x.dtype)
+  x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return x * cos + rotated * sin
+
+
+_init = nn.initializers.normal(stddev=0.02)
+
+
+class Attention(nn.Module):
+  cfg: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x, positions, key_mask, q_slots, cache_kv):
+    """x: [B,T,D]; key_mask: [B,S] real key slots; q_slots: [T] slot of each query (causality).
+
+    cache_kv: None (keys are this call's tokens, S == T) or (k_cache, v_cache, index) to write into.
+    """
+    cfg = self.cfg
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    kvh, g, hd = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
+    w_qkv = self.param("qkv", _init, (cfg.hidden_size, kvh, g + 2, hd), pdt)
+    qkv = _dot("btd,dkgh->btkgh", x, w_qkv, dt)
+    if cfg.attention_bias:
+      qkv = qkv + self.param("qkv_bias", nn.initializers.zeros, (kvh, g + 2, hd), pdt).astype(dt)
+    q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]     # [B,T,KV,G,hd], [B,T,KV,hd] x2
+    if cfg.qk_norm:
+      q = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="q_norm")(q)
+      k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
+    q = rope(q, positions, cfg.rope_theta)
+    k = rope(k, positions, cfg.rope_theta)
+
+    new_kv = None
+    if cache_kv is not None:
+      k_cache, v_cache, index = cache_kv
+      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+      new_kv = (k, v)
+    s = k.shape[1]
+    causal = jnp.arange(s)[None, :] <= q_slots[:, None]                 # [T, S]
+    allowed = causal[None, :, :] & key_mask[:, None, :]                  # [B, T, S]
+
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(hd))
+    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v.astype(dt), preferred_element_type=jnp.float32)
+    w_o = self.param("o", _init, (kvh, g, hd, cfg.hidden_size), pdt)
+    return _dot("btkgh,kghd->btd", out.astype(dt), w_o, dt), new_kv
+
+
+class MLP(nn.Module):
+  cfg: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    w_gu = self.param("gate_up", _init, (cfg.hidden_size, 2, cfg.intermediate_size), pdt)
+    w_down = self.param("down", _init, (cfg.intermediate_size, cfg.hidden_size), pdt)
+    gu = _dot("btd,dcf->btcf", x, w_gu, dt)
+    h = jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]
+    return _dot("btf,fd->btd", h, w_down, dt)
+
+
+def route(router_logits: Array, k: int, norm_topk_prob: bool,
+          given: Optional[Array] = None) -> tuple[Array, Array]:
+  """Qwen3-MoE routing: softmax over experts, top-k, optional renormalisation.
+
+  With `given` expert indices (routing replay) the selection is fixed and only the weights are recomputed
+  from the current router, so gradients still reach the router.
+  Returns (weights [..., k] float32, indices [..., k] int32).
+  """
+  probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+  if given is None:
+    weights, idx = jax.lax.top_k(probs, k)
+  else:
+    idx = given.astype(jnp.int32)
+    weights = jnp.take_along_axis(probs, idx, axis=-1)
+  if norm_topk_prob:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return weights, idx.astype(jnp.int32)
+
+
+class MoE(nn.Module):
+  """Top-k mixture of SwiGLU experts with stacked weights; dropless grouped matmuls (`ragged_dot`)."""
+  cfg: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x, given_idx=None):
+    cfg = self.cfg
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    e, k, f, d = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hidden_size
+    w_router = self.param("router", _init, (d, e), pdt)
+    w_gu = self.param("gate_up", _init, (e, d, 2 * f), pdt)
+    w_down = self.param("down", _init, (e, f, d), pdt)
+    b, t, _ = x.shape
+    router_logits = jnp.einsum("btd,de->bte", x.astype(dt), w_router.astype(dt),
+                               preferred_element_type=jnp.float32)
+    weights, idx = route(router_logits, k, cfg.norm_topk_prob, given_idx)
+
+    # Dispatch: sort the N*k (token, expert) pairs by expert so each expert sees one contiguous group.
+    xf = x.reshape(b * t, d).astype(dt)
+    flat_e = idx.reshape(-1)
+    order = jnp.argsort(flat_e, stable=True)
+    tok = order // k
+    group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
+    xs = xf[tok]
+    gu = jax.lax.ragged_dot(xs, w_gu.astype(dt), group_sizes,
+                            preferred_element_type=jnp.float32).astype(dt)
+    h = jax.nn.silu(gu[:, :f]) * gu[:, f:]
+    y = jax.lax.ragged_dot(h, w_down.astype(dt), group_sizes, preferred_element_type=jnp.float32)
+    y = y * weights.reshape(-1)[order][:, None]
+    out = jnp.zeros((b * t, d), jnp.float32).at[tok].add(y)
+    return out.reshape(b, t, d).astype(dt), idx
+
+
+class DecoderLayer(nn.Module):
+  cfg: TransformerConfig
+  moe: bool
+
+  @nn.compact
+  def __call__(self, h, positions, key_mask, q_slots, cache_kv, given_idx):
+    cfg = self.cfg
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    a, new_kv = Attention(cfg, name="attn")(
+        RMSNorm(cfg.rms_norm_eps, dt, pdt, name="attn_norm")(h), positions, key_mask, q_slots, cache_kv)
+    h = h + a
+    z = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="mlp_norm")(h)
+    idx = None
+    if self.moe:
+      m, idx = MoE(cfg, name="moe")(z, given_idx)
+    else:
+      m = MLP(cfg, name="mlp")(z)
+    return h + m, new_kv, idx
+
+
+class Transformer(nn.Module):
+  cfg: TransformerConfig
+
+  def setup(self):
+    cfg = self.cfg
+    pdt = as_dtype(cfg.param_dtype)
+    self.embedding = self.param("embedding", _init, (cfg.vocab_size, cfg.hidden_size), pdt)
+    self.layers = [DecoderLayer(cfg, cfg.is_moe_layer(i), name=f"layers_{i}") for i in range(cfg.num_layers)]
+    self.final_norm = RMSNorm(cfg.rms_norm_eps, as_dtype(cfg.dtype), pdt, name="final_norm")
+    if not cfg.tie_word_embeddings:
+      self.lm_head = self.param("lm_head", _init, (cfg.hidden_size, cfg.vocab_size), pdt)
+
+  def __call__(self, tokens: Array, positions: Optional[Array] = None,
+               attention_mask: Optional[Array] = None) -> Array:
+    """Logits `[B, T, V]` (float32) of a full sequence; HF-style `apply({'params': p}, tokens)`."""
+    return self.forward(tokens, positions, attention_mask).logits
+
+  def forward(self, tokens: Array, positions: Optional[Array] = None, attention_mask: Optional[Array] = None,
+              cache: Optional[KVCache] = None, routed_experts: Optional[Array] = None,
+              logits: bool = True) -> ModelOutput:
+    """Full interface.
+
+    Args:
+      tokens: [B, T] int32.
+      positions: [B, T] position ids; default `positions_from_mask(attention_mask)` (arange if no mask).
+        With a cache, pass the true positions of the new tokens.
+      attention_mask: [B, T] bool, True on real tokens (default all True).
+      cache: a `KVCache`; the T new tokens are written at slots [cache.index, cache.index + T) and attend
+        to every earlier real slot.
+      routed_experts: [B, T, L_moe, k] expert indices to replay instead of routing (MoE only).
+      logits: compute the LM head (False returns hidden states only, for value heads).
+    """
+    cfg = self.cfg
+    dt = as_dtype(cfg.dtype)
+    b, t = tokens.shape
+    if attention_mask is None:
+      attention_mask = jnp.ones((b, t), bool)
+    attention_mask = attention_mask.astype(bool)
+    if positions is None:
+      positions = positions_from_mask(attention_mask)
+    if cache is None:
+      key_mask, q_slots, index = attention_mask, jnp.arange(t), None
+    else:
+      index = cache.index
+      key_mask = jax.lax.dynamic_update_slice(cache.slot_mask, attention_mask, (0, index))
+      q_slots = index + jnp.arange(t)
+
+    h = jnp.take(self.embedding, tokens, axis=0).astype(dt)
+    new_k, new_v, chosen = [], [], []
+    moe_i = 0
+    for i, layer in enumerate(self.layers):
+      cache_kv = None if cache is None else (cache.keys[i], cache.values[i], index)
+      given = None
+      if layer.moe and routed_experts is not None:
+        given = routed_experts[:, :, moe_i]
+      h, kv, idx = layer(h, positions, key_mask, q_slots, cache_kv, given)
+      if kv is not None:
+        new_k.append(kv[0]), new_v.append(kv[1])
+      if idx is not None:
+        chosen.append(idx.reshape(b, t, -1))
+        moe_i += 1
+    h = self.final_norm(h)
+    out_logits = None
+    if logits:
+      w = self.embedding.T if cfg.tie_word_embeddings else self.lm_head
+      out_logits = jnp.einsum("btd,dv->btv", h, w.astype(dt), preferred_element_type=jnp.float32)
+    new_cache = None
+    if cache is not None:
+      new_cache = KVCache(tuple(new_k), tuple(new_v), key_mask, index + t)
+    routed = jnp.stack(chosen, axis=2) if chosen else None
+    return ModelOutput(logits=out_logits, hidden=h, cache=new_cache, routed_experts=routed)
+
+
+def init_params(cfg: TransformerConfig, key: Array) -> Any:
+  """Random parameters for `Transformer(cfg)` (jitted, so large models initialise fast)."""
+  model = Transformer(cfg)
+  return jax.jit(lambda k: model.init(k, jnp.zeros((1, 1), jnp.int32))["params"])(key)
+
+
+def num_params(params: Any) -> int:
+  return sum(x.size for x in jax.tree.leaves(params))
