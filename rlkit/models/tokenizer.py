@@ -1,0 +1,223 @@
+"""Tokenizers: one small interface over a character-level tokenizer (for the synthetic tasks) and Hugging
+Face `tokenizers` files (for real checkpoints), plus the padding helpers that turn id lists into
+static-shape arrays.
+
+Interface (`Tokenizer`): `encode(text, add_bos, add_eos) -> list[int]`, `decode(ids, skip_special) -> str`,
+`encode_batch`, and the ids the sampler and the data pipeline need: `vocab_size`, `pad_id`, `bos_id` (None
+when the tokenizer has no BOS, as with Qwen), `eos_id`, and `stop_ids` (every id that ends a completion;
+EOS first).
+
+`encode` adds BOS/EOS only when asked. The char tokenizer never makes a special id from text ("<eos>" in a
+prompt is five characters); an HF tokenizer does parse its own special tokens out of text, as chat templates
+("<|im_start|>...") rely on.
+
+Padding: prompts are left-padded (real tokens end at the last column, so generation appends on the right and
+`positions = cumsum(mask) - 1` stays correct); SFT sequences are right-padded. A row longer than the target
+length raises rather than being cut, because a silently truncated prompt changes the task.
+"""
+from __future__ import annotations
+
+import json
+import os
+import string
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from rlkit.core.registry import Registry
+
+# Order matters: ids are assigned by position, so append new characters at the end only (existing
+# checkpoints trained on this alphabet keep their ids).
+DEFAULT_ALPHABET = (string.digits + "+-*/=() " + string.ascii_lowercase + string.ascii_uppercase
+                    + ".,:;!?'\"#$%&<>[]_^\n")
+
+TOKENIZERS: Registry[Any] = Registry("tokenizer")
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+  """What the data pipeline and the sampler need from a tokenizer."""
+  vocab_size: int
+  pad_id: int
+  bos_id: Optional[int]
+  eos_id: int
+  stop_ids: tuple[int, ...]
+
+  def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int], skip_special: bool = True) -> str: ...
+
+  def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
+                   add_eos: bool = False) -> list[list[int]]: ...
+
+
+def _with_specials(ids: list[int], bos_id: Optional[int], eos_id: int, add_bos: bool, add_eos: bool,
+                   who: str) -> list[int]:
+  if add_bos and bos_id is None:
+    raise ValueError(f"{who} has no BOS token, so add_bos=True is impossible; pass add_bos=False "
+                     "(or give the tokenizer a bos_token).")
+  return ([bos_id] if add_bos else []) + ids + ([eos_id] if add_eos else [])
+
+
+@TOKENIZERS.register("char")
+class CharTokenizer:
+  """One id per character: 0=pad, 1=bos, 2=eos, then the alphabet in order. Round trips exactly."""
+  PAD, BOS, EOS = 0, 1, 2
+  SPECIAL_TEXT = ("<pad>", "<bos>", "<eos>")
+
+  def __init__(self, alphabet: str = DEFAULT_ALPHABET):
+    if not alphabet:
+      raise ValueError("CharTokenizer: the alphabet is empty.")
+    dupes = sorted({c for c in alphabet if alphabet.count(c) > 1})
+    if dupes:
+      raise ValueError(f"CharTokenizer: the alphabet repeats {dupes!r}; each character must appear once.")
+    self.alphabet = alphabet
+    self._to_id = {c: i + 3 for i, c in enumerate(alphabet)}
+    self.vocab_size = len(alphabet) + 3
+    self.pad_id, self.bos_id, self.eos_id = self.PAD, self.BOS, self.EOS
+    self.stop_ids = (self.EOS,)
+
+  def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    try:
+      ids = [self._to_id[c] for c in text]
+    except KeyError:
+      bad = next(c for c in text if c not in self._to_id)
+      raise ValueError(f"CharTokenizer: character {bad!r} in {text!r} is not in the alphabet "
+                       f"{self.alphabet!r}; extend the alphabet (append at the end).") from None
+    return _with_specials(ids, self.bos_id, self.eos_id, add_bos, add_eos, "CharTokenizer")
+
+  def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
+                   add_eos: bool = False) -> list[list[int]]:
+    return [self.encode(t, add_bos, add_eos) for t in texts]
+
+  def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+    out = []
+    for i in ids:
+      i = int(i)
+      if i < 3:
+        if not skip_special:
+          out.append(self.SPECIAL_TEXT[i])
+      elif i < self.vocab_size:
+        out.append(self.alphabet[i - 3])
+      else:
+        raise ValueError(f"CharTokenizer: id {i} is outside the vocabulary (size {self.vocab_size}).")
+    return "".join(out)
+
+  def __repr__(self) -> str:
+    return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+
+def _token_text(value: Any) -> Optional[str]:
+  """tokenizer_config.json stores a special token as a string or as an AddedToken dict {"content": ...}."""
+  if isinstance(value, dict):
+    value = value.get("content")
+  return value if isinstance(value, str) else None
+
+
+def _read_json(path: str) -> dict:
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+@TOKENIZERS.register("hf")
+class HFTokenizer:
+  """A Hugging Face `tokenizers` tokenizer (tokenizer.json) behind the rlkit interface.
+
+  Special tokens come from the arguments when given, else from tokenizer_config.json beside tokenizer.json.
+  Extra stop ids come from `stop_tokens` and from generation_config.json's `eos_token_id` (Qwen instruct
+  models stop on both <|im_end|> and <|endoftext|>). A missing pad token falls back to EOS: padded
+  positions are masked, so the id only has to exist.
+  """
+
+  def __init__(self, path_or_tokenizer_json: Any, *, bos_token: Optional[str] = None,
+               eos_token: Optional[str] = None, pad_token: Optional[str] = None,
+               stop_tokens: Sequence[str] = ()):
+    import tokenizers  # local: only HF users pay for the import
+
+    if isinstance(path_or_tokenizer_json, tokenizers.Tokenizer):
+      self._tok, folder = path_or_tokenizer_json, None
+    else:
+      path = os.fspath(path_or_tokenizer_json)
+      file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+      if not os.path.exists(file):
+        raise FileNotFoundError(f"HFTokenizer: no tokenizer file at {file!r}; pass a tokenizer.json or a "
+                                "folder that contains one.")
+      self._tok, folder = tokenizers.Tokenizer.from_file(file), os.path.dirname(file)
+    config = _read_json(os.path.join(folder, "tokenizer_config.json")) if folder else {}
+    generation = _read_json(os.path.join(folder, "generation_config.json")) if folder else {}
+
+    def token_id(arg: Optional[str], key: str) -> Optional[int]:
+      text = arg if arg is not None else _token_text(config.get(key))
+      if text is None:
+        return None
+      i = self._tok.token_to_id(text)
+      if i is None:
+        raise ValueError(f"HFTokenizer: {key} {text!r} is not in the vocabulary.")
+      return i
+
+    self.bos_id = token_id(bos_token, "bos_token")
+    eos_id = token_id(eos_token, "eos_token")
+    if eos_id is None:
+      raise ValueError("HFTokenizer: no EOS token (none in tokenizer_config.json); pass eos_token=..., since "
+                       "generation needs a token that ends a completion.")
+    self.eos_id = eos_id
+    pad_id = token_id(pad_token, "pad_token")
+    self.pad_id = eos_id if pad_id is None else pad_id
+    extra = generation.get("eos_token_id", [])
+    extra = [extra] if isinstance(extra, int) else list(extra)
+    extra += [token_id(t, "stop token") for t in stop_tokens]
+    self.stop_ids = tuple(dict.fromkeys([eos_id] + extra))   # EOS first, no duplicates
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    self._special = {i for i in (self.pad_id, self.bos_id, *self.stop_ids) if i is not None}
+
+  def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    ids = self._tok.encode(text, add_special_tokens=False).ids
+    return _with_specials(ids, self.bos_id, self.eos_id, add_bos, add_eos, "HFTokenizer")
+
+  def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
+                   add_eos: bool = False) -> list[list[int]]:
+    encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+    return [_with_specials(e.ids, self.bos_id, self.eos_id, add_bos, add_eos, "HFTokenizer")
+            for e in encodings]
+
+  def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+    ids = [int(i) for i in ids]
+    if skip_special:
+      # Our specials may not be flagged "special" inside tokenizer.json, so filter them here too.
+      ids = [i for i in ids if i not in self._special]
+    return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+  def __repr__(self) -> str:
+    return f"HFTokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+def make_tokenizer(kind: str, **kw) -> Tokenizer:
+  """Builds the tokenizer registered as `kind` ("char" or "hf") from config keyword arguments."""
+  return TOKENIZERS.get(kind)(**kw)
+
+
+def _pad(rows: Sequence[Sequence[int]], length: int, pad_id: int,
+         left: bool) -> tuple[np.ndarray, np.ndarray]:
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  mask = np.zeros((len(rows), length), bool)
+  for r, row in enumerate(rows):
+    n = len(row)
+    if n > length:
+      raise ValueError(f"row {r} has {n} tokens, more than the padded length {length}; raise the length "
+                       "(e.g. max_prompt_len) or filter long examples out of the data.")
+    cols = slice(length - n, length) if left else slice(0, n)
+    tokens[r, cols] = row
+    mask[r, cols] = True
+  return tokens, mask
+
+
+def pad_left(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Left-pads id lists to `(tokens int32 [N, length], mask bool [N, length])`; a longer row raises."""
+  return _pad(rows, length, pad_id, left=True)
+
+
+def pad_right(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Right-pads id lists to `(tokens int32 [N, length], mask bool [N, length])`; a longer row raises."""
+  return _pad(rows, length, pad_id, left=False)
