@@ -30,6 +30,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from rlkit.parallel.rules import constrain_batch
+
 Array = jax.Array
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -94,7 +96,7 @@ class TransformerConfig:
 
 @flax.struct.dataclass
 class KVCache:
-  """Decode state: per-layer keys/values `[B, S, KV, hd]`, which slots hold real tokens, the next slot."""
+  """Decode state: per-layer keys/values `[B, KV, S, hd]`, which slots hold real tokens, the next slot."""
   keys: tuple[Array, ...]
   values: tuple[Array, ...]
   slot_mask: Array      # [B, S] bool
@@ -106,7 +108,7 @@ class KVCache:
 
 
 def init_cache(cfg: TransformerConfig, batch: int, max_len: int) -> KVCache:
-  shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   dt = as_dtype(cfg.dtype)
   zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers))
   return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
@@ -160,7 +162,9 @@ def rope(x: Array, positions: Array, theta: float) -> Array:
   return x * cos + rotated * sin
 
 
-_init = nn.initializers.normal(stddev=0.02)
+def _init(key, shape, dtype=jnp.float32):
+  """N(0, 0.02^2), drawn flat and reshaped: same values, but XLA:CPU compiles a rank-4 normal ~10x slower."""
+  return (0.02 * jax.random.normal(key, (math.prod(shape),), jnp.float32)).reshape(shape).astype(dtype)
 
 
 class Attention(nn.Module):
@@ -186,23 +190,30 @@ class Attention(nn.Module):
     q = rope(q, positions, cfg.rope_theta)
     k = rope(k, positions, cfg.rope_theta)
 
+    # Keys/values live as [B, KV, S, hd]: each (row, kv-head) is one contiguous matrix, so both attention
+    # matmuls are plain batched GEMMs with no transpose of the (possibly long) cache per decode step.
+    k = k.transpose(0, 2, 1, 3)
+    v = v.transpose(0, 2, 1, 3)
     new_kv = None
     if cache_kv is not None:
       k_cache, v_cache, index = cache_kv
-      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
-      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, 0, index, 0))
+      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, 0, index, 0))
       new_kv = (k, v)
-    s = k.shape[1]
+    b, t = x.shape[:2]
+    s = k.shape[2]
     causal = jnp.arange(s)[None, :] <= q_slots[:, None]                 # [T, S]
     allowed = causal[None, :, :] & key_mask[:, None, :]                  # [B, T, S]
 
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / math.sqrt(hd))
-    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v.astype(dt), preferred_element_type=jnp.float32)
+    qh = q.transpose(0, 2, 1, 3, 4).reshape(b, kvh, t * g, hd)           # queries of a KV head: (t, g) rows
+    scores = jnp.einsum("bkqh,bksh->bkqs", qh, k.astype(dt), preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, kvh, t, g, s) * (1.0 / math.sqrt(hd))
+    scores = jnp.where(allowed[:, None, :, None, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(b, kvh, t * g, s)
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, v.astype(dt), preferred_element_type=jnp.float32)
+    out = out.reshape(b, kvh, t, g, hd).astype(dt)
     w_o = self.param("o", _init, (kvh, g, hd, cfg.hidden_size), pdt)
-    return _dot("btkgh,kghd->btd", out.astype(dt), w_o, dt), new_kv
+    return _dot("bktgh,kghd->btd", out, w_o, dt), new_kv
 
 
 class MLP(nn.Module):
@@ -310,7 +321,7 @@ class Transformer(nn.Module):
 
   def forward(self, tokens: Array, positions: Optional[Array] = None, attention_mask: Optional[Array] = None,
               cache: Optional[KVCache] = None, routed_experts: Optional[Array] = None,
-              logits: bool = True) -> ModelOutput:
+              logits: str = "all") -> ModelOutput:
     """Full interface.
 
     Args:
@@ -321,7 +332,8 @@ class Transformer(nn.Module):
       cache: a `KVCache`; the T new tokens are written at slots [cache.index, cache.index + T) and attend
         to every earlier real slot.
       routed_experts: [B, T, L_moe, k] expert indices to replay instead of routing (MoE only).
-      logits: compute the LM head (False returns hidden states only, for value heads).
+      logits: "all" (LM head at every position), "last" (only the last position, as `[B, 1, V]`: prefill
+        needs nothing else) or "none" (hidden states only, e.g. for value heads).
     """
     cfg = self.cfg
     dt = as_dtype(cfg.dtype)
@@ -338,7 +350,8 @@ class Transformer(nn.Module):
       key_mask = jax.lax.dynamic_update_slice(cache.slot_mask, attention_mask, (0, index))
       q_slots = index + jnp.arange(t)
 
-    h = jnp.take(self.embedding, tokens, axis=0).astype(dt)
+    # FSDP: rows stay split over (data, fsdp) under `jax.set_mesh` (GSPMD may split D instead); else no-op.
+    h = constrain_batch(jnp.take(self.embedding, tokens, axis=0).astype(dt))
     new_k, new_v, chosen = [], [], []
     moe_i = 0
     for i, layer in enumerate(self.layers):
@@ -347,16 +360,20 @@ class Transformer(nn.Module):
       if layer.moe and routed_experts is not None:
         given = routed_experts[:, :, moe_i]
       h, kv, idx = layer(h, positions, key_mask, q_slots, cache_kv, given)
+      h = constrain_batch(h)
       if kv is not None:
         new_k.append(kv[0]), new_v.append(kv[1])
       if idx is not None:
         chosen.append(idx.reshape(b, t, -1))
         moe_i += 1
     h = self.final_norm(h)
+    if logits not in ("all", "last", "none"):
+      raise ValueError(f"logits={logits!r}; use 'all', 'last' or 'none'.")
     out_logits = None
-    if logits:
+    if logits != "none":
       w = self.embedding.T if cfg.tie_word_embeddings else self.lm_head
-      out_logits = jnp.einsum("btd,dv->btv", h, w.astype(dt), preferred_element_type=jnp.float32)
+      hl = h[:, -1:] if logits == "last" else h
+      out_logits = jnp.einsum("btd,dv->btv", hl, w.astype(dt), preferred_element_type=jnp.float32)
     new_cache = None
     if cache is not None:
       new_cache = KVCache(tuple(new_k), tuple(new_v), key_mask, index + t)

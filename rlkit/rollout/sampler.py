@@ -1,0 +1,158 @@
+"""KV-cache sampler: batched generation that returns exactly what RL needs, as a `Rollout`.
+
+One jitted function: prefill the (left-padded) prompts into a KV cache, then a `lax.while_loop` that
+samples one token per row, writes it, and runs the model on that single token against the cache. Shapes
+are static (cache length = prompt length + max_new_tokens), the loop exits early once every row has emitted
+a stop token, and each decode step costs one token's forward pass: the prefix is never recomputed.
+
+The log-probability returned for each sampled token is taken under the distribution it was actually drawn
+from: `log_softmax(processed logits)` after temperature, top-k and top-p (the nucleus is renormalised).
+Greedy decoding is a point mass, so for it we report the model's own log-probability at temperature 1.
+`rlkit.rollout.scoring` re-scores sequences with the same processing, which is what the trainer/sampler
+mismatch metric compares.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from rlkit.core.types import Rollout
+from rlkit.models.transformer import Transformer, init_cache, positions_from_mask
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How to sample. Hashable: it is a static argument of the jitted generate function."""
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_k: int = 0                      # 0 disables top-k
+  top_p: float = 1.0                  # 1.0 disables nucleus sampling
+  greedy: bool = False
+  stop_ids: tuple[int, ...] = ()      # a row finishes after emitting any of these (the token is kept)
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1.")
+    if not self.greedy and self.temperature <= 0:
+      raise ValueError(f"temperature={self.temperature} must be > 0 (use greedy=True for argmax decoding).")
+    if self.top_k < 0:
+      raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it).")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 disables it).")
+
+
+def processed_logprobs(logits: Array, cfg: SamplingConfig) -> Array:
+  """Log-probabilities of the distribution tokens are drawn from. logits: [..., V] -> [..., V].
+
+  Tokens removed by top-k / top-p get -inf; the kept ones are renormalised. Top-k keeps every token whose
+  logit ties the k-th largest; top-p keeps the smallest prefix of the sorted distribution whose mass
+  reaches `top_p` (always at least one token), again with ties at the boundary kept.
+  """
+  logits = logits.astype(jnp.float32)
+  if cfg.greedy:
+    return jax.nn.log_softmax(logits, axis=-1)
+  x = logits / cfg.temperature
+  neg_inf = jnp.asarray(-jnp.inf, x.dtype)
+  if cfg.top_k and cfg.top_k < x.shape[-1]:
+    kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
+    x = jnp.where(x < kth, neg_inf, x)
+  if cfg.top_p < 1.0:
+    sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
+    sorted_p = jax.nn.softmax(sorted_x, axis=-1)
+    mass_before = jnp.cumsum(sorted_p, axis=-1) - sorted_p
+    keep = mass_before < cfg.top_p
+    threshold = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
+    x = jnp.where(x < threshold, neg_inf, x)
+  return jax.nn.log_softmax(x, axis=-1)
+
+
+def generate(model: Transformer, params: Any, prompt: Array, prompt_mask: Array, key: Array,
+             cfg: SamplingConfig, group_ids: Optional[Array] = None) -> Rollout:
+  """Samples `cfg.max_new_tokens` tokens (at most) for each left-padded prompt row.
+
+  Args:
+    model: the `Transformer` module (static).
+    params: its parameters (may be sharded; the batch is sharded by the caller).
+    prompt: [B, P] int32, left-padded so the last column is each row's last prompt token.
+    prompt_mask: [B, P] bool, True on real prompt tokens.
+    key: PRNG key; the draw at step i uses `fold_in(key, i)`.
+    cfg: a `SamplingConfig`.
+    group_ids: optional [B] int32 stored in the Rollout (default arange(B)).
+  Returns:
+    A `Rollout`; for MoE models `extras["routed_experts"]` is [B, P+R, L_moe, k].
+  """
+  if prompt.ndim != 2 or prompt.shape != prompt_mask.shape:
+    raise ValueError(f"prompt {prompt.shape} and prompt_mask {prompt_mask.shape} must both be [B, P].")
+  if group_ids is None:
+    group_ids = jnp.arange(prompt.shape[0], dtype=jnp.int32)
+  return _generate(model, cfg, params, jnp.asarray(prompt, jnp.int32), jnp.asarray(prompt_mask, bool), key,
+                   jnp.asarray(group_ids, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_mask, key, group_ids):
+  b, p = prompt.shape
+  r = cfg.max_new_tokens
+  mcfg = model.cfg
+  variables = {"params": params}
+  cache = init_cache(mcfg, b, p + r)
+  positions = positions_from_mask(prompt_mask)
+  out = model.apply(variables, prompt, positions, prompt_mask, cache, logits="last",
+                    method=Transformer.forward)
+  moe = out.routed_experts is not None
+  routed = None
+  if moe:
+    routed = jnp.zeros((b, p + r) + out.routed_experts.shape[2:], jnp.int32)
+    routed = jax.lax.dynamic_update_slice(routed, out.routed_experts, (0, 0, 0, 0))
+
+  def cond(c):
+    return (c["i"] < r) & ~jnp.all(c["done"])
+
+  def body(c):
+    i = c["i"]
+    logp_all = processed_logprobs(c["logits"], cfg)
+    if cfg.greedy:
+      tok = jnp.argmax(logp_all, axis=-1).astype(jnp.int32)
+    else:
+      tok = jax.random.categorical(jax.random.fold_in(key, i), logp_all, axis=-1).astype(jnp.int32)
+    tok_logp = jnp.take_along_axis(logp_all, tok[:, None], axis=-1)[:, 0]
+    live = ~c["done"]
+    tok = jnp.where(live, tok, cfg.pad_id)
+    stopped = jnp.zeros_like(live)
+    for s in cfg.stop_ids:
+      stopped = stopped | (tok == s)
+    nxt = dict(c)
+    nxt["response"] = jax.lax.dynamic_update_slice(c["response"], tok[:, None], (0, i))
+    nxt["logprobs"] = jax.lax.dynamic_update_slice(
+        c["logprobs"], jnp.where(live, tok_logp, 0.0)[:, None], (0, i))
+    nxt["mask"] = jax.lax.dynamic_update_slice(c["mask"], live[:, None], (0, i))
+    nxt["done"] = c["done"] | (live & stopped)
+    nxt["pos"] = c["pos"] + 1
+    # Finished rows keep running (static shapes) but their pad token is masked out of the cache.
+    o = model.apply(variables, tok[:, None], nxt["pos"][:, None], live[:, None], c["cache"],
+                    method=Transformer.forward)
+    nxt["cache"] = o.cache
+    nxt["logits"] = o.logits[:, -1]
+    if moe:
+      nxt["routed"] = jax.lax.dynamic_update_slice(c["routed"], o.routed_experts, (0, p + i, 0, 0))
+    nxt["i"] = i + 1
+    return nxt
+
+  carry = dict(
+      i=jnp.zeros((), jnp.int32), cache=out.cache, logits=out.logits[:, -1],
+      response=jnp.full((b, r), cfg.pad_id, jnp.int32), logprobs=jnp.zeros((b, r), jnp.float32),
+      mask=jnp.zeros((b, r), bool), done=jnp.zeros((b,), bool), pos=positions[:, -1])
+  if moe:
+    carry["routed"] = routed
+  c = jax.lax.while_loop(cond, body, carry)
+  extras = {"routed_experts": c["routed"]} if moe else {}
+  return Rollout(prompt=prompt, prompt_mask=prompt_mask, response=c["response"], response_mask=c["mask"],
+                 logprobs=c["logprobs"], lengths=jnp.sum(c["mask"], axis=1).astype(jnp.int32),
+                 finished=c["done"], group_ids=group_ids, extras=extras)

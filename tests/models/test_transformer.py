@@ -1,0 +1,143 @@
+"""Properties of the Qwen3-style decoder: padding invariance, KV-cache equivalence, MoE routing."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlkit.models.transformer import (KVCache, Transformer, TransformerConfig, init_cache, init_params,
+                                      positions_from_mask, route)
+
+DENSE = TransformerConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                          num_kv_heads=2, head_dim=8, rope_theta=10_000.0)
+MOE = DENSE.replace(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+
+
+def _left_pad(tokens, pads):
+  b, t = tokens.shape
+  width = t + max(pads)
+  out = np.zeros((b, width), np.int32)
+  mask = np.zeros((b, width), bool)
+  for i, n in enumerate(pads):
+    out[i, width - t:] = tokens[i]
+    mask[i, width - t:] = True
+  return jnp.asarray(out), jnp.asarray(mask)
+
+
+@pytest.mark.parametrize("cfg", [DENSE, MOE], ids=["dense", "moe"])
+def test_left_padding_does_not_change_real_token_logits(cfg):
+  params = init_params(cfg, jax.random.key(0))
+  model = Transformer(cfg)
+  tokens = np.asarray(jax.random.randint(jax.random.key(1), (3, 7), 0, cfg.vocab_size))
+  ref = model.apply({"params": params}, jnp.asarray(tokens))
+  padded, mask = _left_pad(tokens, [0, 2, 5])
+  out = model.apply({"params": params}, padded, attention_mask=mask)
+  for i in range(3):
+    np.testing.assert_allclose(out[i][np.asarray(mask[i])], ref[i], atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", [DENSE, MOE], ids=["dense", "moe"])
+def test_kv_cache_decode_equals_full_forward_at_every_step(cfg):
+  params = init_params(cfg, jax.random.key(0))
+  model = Transformer(cfg)
+  tokens = np.asarray(jax.random.randint(jax.random.key(2), (2, 9), 0, cfg.vocab_size))
+  padded, mask = _left_pad(tokens, [0, 3])
+  full = model.apply({"params": params}, padded, attention_mask=mask)
+  positions = positions_from_mask(mask)
+  prefill = 5
+  cache = init_cache(cfg, 2, padded.shape[1] + 2)   # spare slots must stay invisible
+  out = model.apply({"params": params}, padded[:, :prefill], positions[:, :prefill], mask[:, :prefill], cache,
+                    method=Transformer.forward)
+  steps = [out.logits]
+  cache = out.cache
+  for t in range(prefill, padded.shape[1]):
+    out = model.apply({"params": params}, padded[:, t:t + 1], positions[:, t:t + 1], mask[:, t:t + 1], cache,
+                      method=Transformer.forward)
+    cache = out.cache
+    steps.append(out.logits)
+  decoded = jnp.concatenate(steps, axis=1)
+  np.testing.assert_allclose(decoded[np.asarray(mask)], full[np.asarray(mask)], atol=1e-5)
+  assert int(cache.index) == padded.shape[1]
+
+
+def test_route_matches_definition_and_renormalises():
+  logits = jnp.array([[2.0, 1.0, 0.5, -1.0]])
+  w, idx = route(logits, 2, norm_topk_prob=False)
+  p = jax.nn.softmax(logits)
+  np.testing.assert_array_equal(idx, [[0, 1]])
+  np.testing.assert_allclose(w, p[:, :2], rtol=1e-6)
+  w_norm, _ = route(logits, 2, norm_topk_prob=True)
+  np.testing.assert_allclose(w_norm.sum(-1), 1.0, rtol=1e-6)
+  # Replay fixes the selection but recomputes the weights from the current router.
+  w_given, idx_given = route(logits, 2, norm_topk_prob=False, given=jnp.array([[3, 2]]))
+  np.testing.assert_array_equal(idx_given, [[3, 2]])
+  np.testing.assert_allclose(w_given, p[:, [3, 2]], rtol=1e-6)
+
+
+def _dense_moe_reference(params, cfg, x):
+  """Every expert on every token, combined with the routing weights: the definition of the MoE layer."""
+  logits = x @ params["router"]
+  w, idx = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+  f = cfg.moe_intermediate_size
+  out = jnp.zeros_like(x)
+  for e in range(cfg.num_experts):
+    gu = x @ params["gate_up"][e]
+    y = (jax.nn.silu(gu[..., :f]) * gu[..., f:]) @ params["down"][e]
+    weight = jnp.sum(jnp.where(idx == e, w, 0.0), axis=-1, keepdims=True)
+    out = out + weight * y
+  return out
+
+
+def test_grouped_moe_equals_dense_definition():
+  from rlkit.models.transformer import MoE
+  x = jax.random.normal(jax.random.key(3), (2, 5, MOE.hidden_size))
+  layer = MoE(MOE)
+  variables = layer.init(jax.random.key(4), x)
+  out, _ = layer.apply(variables, x)
+  np.testing.assert_allclose(out, _dense_moe_reference(variables["params"], MOE, x), atol=1e-5)
+
+
+def test_routing_replay_reproduces_logits_and_routes_gradients_to_router():
+  params = init_params(MOE, jax.random.key(0))
+  model = Transformer(MOE)
+  tokens = jax.random.randint(jax.random.key(5), (2, 6), 0, MOE.vocab_size)
+  out = model.apply({"params": params}, tokens, method=Transformer.forward)
+  assert out.routed_experts.shape == (2, 6, len(MOE.moe_layers), MOE.num_experts_per_tok)
+  replay = model.apply({"params": params}, tokens, routed_experts=out.routed_experts, method=Transformer.forward)
+  np.testing.assert_array_equal(replay.logits, out.logits)
+  # Replaying a different routing changes the output: the given indices are really used.
+  other = (out.routed_experts + 1) % MOE.num_experts
+  changed = model.apply({"params": params}, tokens, routed_experts=other, method=Transformer.forward)
+  assert not np.allclose(changed.logits, out.logits)
+  grads = jax.grad(lambda p: model.apply({"params": p}, tokens, routed_experts=out.routed_experts,
+                                         method=Transformer.forward).logits.sum())(params)
+  assert float(jnp.abs(grads["layers_0"]["moe"]["router"]).sum()) > 0
+
+
+def test_bf16_compute_tracks_f32():
+  cfg = DENSE.replace(dtype="bfloat16")
+  params = init_params(DENSE, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(6), (2, 8), 0, DENSE.vocab_size)
+  ref = Transformer(DENSE).apply({"params": params}, tokens)
+  out = Transformer(cfg).apply({"params": params}, tokens)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, ref, atol=0.05)
+  assert not np.array_equal(out, ref)
+
+
+def test_tied_embeddings_have_no_lm_head():
+  cfg = DENSE.replace(tie_word_embeddings=True)
+  params = init_params(cfg, jax.random.key(0))
+  assert "lm_head" not in params
+  tokens = jnp.array([[1, 2, 3]])
+  h = Transformer(cfg).apply({"params": params}, tokens, method=Transformer.forward).hidden
+  np.testing.assert_allclose(Transformer(cfg).apply({"params": params}, tokens), h @ params["embedding"].T,
+                             atol=1e-5)
+
+
+def test_config_errors_name_the_field():
+  with pytest.raises(ValueError, match="num_kv_heads"):
+    DENSE.replace(num_kv_heads=3)
+  with pytest.raises(ValueError, match="num_experts_per_tok"):
+    DENSE.replace(num_experts=4, num_experts_per_tok=5)
+  with pytest.raises(ValueError, match="dtype"):
+    DENSE.replace(dtype="float8")
