@@ -1,0 +1,150 @@
+"""Sampler throughput: rlkit's KV-cache sampler against `transformers` `generate` on the same weights.
+
+For each size (S, M) prints one JSON line with tokens/s of both sides (f32, and bf16 compute), the ratio
+`speedup_vs_peer`, the decode MFU of the M model against the matmul peak measured in this same process,
+and decode tokens/s at prompt 16 vs prompt 512 (their ratio shows the per-token cost stays flat).
+
+  python benchmarks/sampler.py [--sizes S,M] [--reps 3]
+
+Both sides: batch 64, prompt 16, 64 new tokens, sampling at temperature 1 (no top-k/top-p, no EOS so every
+row generates all 64 tokens), 2 threads. Timings are medians over `--reps` runs after one warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rlkit.models import hf  # noqa: E402
+from rlkit.models.transformer import Transformer, TransformerConfig, init_params, num_params  # noqa: E402
+from rlkit.rollout.sampler import SamplingConfig, generate  # noqa: E402
+
+SIZES = {
+    "S": TransformerConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=32, rope_theta=10_000.0),
+    "M": TransformerConfig(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8,
+                           num_kv_heads=4, head_dim=64, rope_theta=10_000.0),
+}
+BATCH, PROMPT, NEW = 64, 16, 64
+
+
+def commit() -> str:
+  try:
+    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                   cwd=os.path.dirname(os.path.abspath(__file__))).strip()
+  except Exception:  # not a git checkout: the JSON still says so
+    return "unknown"
+
+
+def median_time(fn, reps: int) -> float:
+  fn()  # warm-up (compilation)
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def matmul_peak(dtype, n: int = 2048, reps: int = 5) -> float:
+  """FLOP/s of a large jitted matmul in this process (bf16 inputs accumulate in f32)."""
+  a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
+  f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+  return 2 * n ** 3 / median_time(lambda: f(a, a).block_until_ready(), reps)
+
+
+def decode_flops_per_token(cfg: TransformerConfig, context: float) -> float:
+  """Matmul FLOPs of one decode token: 2 x (weights touched) + attention over `context` cached keys."""
+  d, hd = cfg.hidden_size, cfg.head_dim
+  attn_w = d * (cfg.num_heads + 2 * cfg.num_kv_heads) * hd + cfg.num_heads * hd * d
+  mlp_w = 3 * d * cfg.intermediate_size
+  per_layer = 2 * (attn_w + mlp_w) + 4 * cfg.num_heads * hd * context
+  return cfg.num_layers * per_layer + 2 * d * cfg.vocab_size
+
+
+def rlkit_side(cfg, params, prompt_len: int, new: int, reps: int, dtype: str):
+  mcfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+  model = Transformer(mcfg)
+  p = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
+  rng = np.random.default_rng(0)
+  prompt = jnp.asarray(rng.integers(3, cfg.vocab_size, (BATCH, prompt_len)), jnp.int32)
+  mask = jnp.ones_like(prompt, bool)
+  sc = SamplingConfig(max_new_tokens=new, temperature=1.0)
+  key = jax.random.key(0)
+  return median_time(lambda: generate(model, p, prompt, mask, key, sc).response.block_until_ready(), reps)
+
+
+def torch_side(folder: str, prompt_len: int, new: int, reps: int, dtype: str, vocab: int):
+  import torch
+  import transformers
+  torch.set_num_threads(2)
+  tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+  model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=tdtype).eval()
+  rng = np.random.default_rng(0)
+  ids = torch.tensor(rng.integers(3, vocab, (BATCH, prompt_len)))
+  mask = torch.ones_like(ids)
+
+  def run():
+    with torch.inference_mode():
+      model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=None, top_p=None,
+                     max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+  return median_time(run, reps)
+
+
+def bench_size(name: str, reps: int, peak_f32: float, peak_bf16: float) -> dict:
+  cfg = SIZES[name]
+  params = init_params(cfg, jax.random.key(0))
+  tokens = BATCH * NEW
+  with tempfile.TemporaryDirectory() as tmp:
+    folder = os.path.join(tmp, "model")
+    hf.save(folder, cfg, params, model_type="qwen3")
+    t_peer = torch_side(folder, PROMPT, NEW, reps, "float32", cfg.vocab_size)
+    t_peer_bf16 = torch_side(folder, PROMPT, NEW, reps, "bfloat16", cfg.vocab_size)
+  t_ours = rlkit_side(cfg, params, PROMPT, NEW, reps, "float32")
+  t_ours_bf16 = rlkit_side(cfg, params, PROMPT, NEW, reps, "bfloat16")
+  # Decode-only throughput: subtract the prefill + first step (a 1-token run) from the full run.
+  t1_short = rlkit_side(cfg, params, PROMPT, 1, reps, "float32")
+  t1_long = rlkit_side(cfg, params, 512, 1, reps, "float32")
+  t_long = rlkit_side(cfg, params, 512, NEW, reps, "float32")
+  decode_short = BATCH * (NEW - 1) / (t_ours - t1_short)
+  decode_long = BATCH * (NEW - 1) / (t_long - t1_long)
+  flops = decode_flops_per_token(cfg, PROMPT + NEW / 2) * decode_short
+  return {
+      "benchmark": "sampler", "size": name, "params": num_params(params), "batch": BATCH, "prompt": PROMPT,
+      "new_tokens": NEW, "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "tokens_per_s": round(tokens / t_ours, 1), "peer_tokens_per_s": round(tokens / t_peer, 1),
+      "speedup_vs_peer": round(t_peer / t_ours, 3),
+      "bf16_tokens_per_s": round(tokens / t_ours_bf16, 1), "peer_bf16_tokens_per_s": round(tokens / t_peer_bf16, 1),
+      "bf16_speedup_vs_peer": round(t_peer_bf16 / t_ours_bf16, 3),
+      "decode_tokens_per_s_prompt16": round(decode_short, 1),
+      "decode_tokens_per_s_prompt512": round(decode_long, 1),
+      "decode_ratio_512_vs_16": round(decode_long / decode_short, 3),
+      "decode_gflops": round(flops / 1e9, 2), "peak_gflops_f32": round(peak_f32 / 1e9, 1),
+      "peak_gflops_bf16": round(peak_bf16 / 1e9, 1), "decode_mfu": round(flops / peak_f32, 3),
+  }
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sizes", default="S,M")
+  parser.add_argument("--reps", type=int, default=3)
+  args = parser.parse_args()
+  peak_f32, peak_bf16 = matmul_peak(jnp.float32), matmul_peak(jnp.bfloat16)
+  for name in args.sizes.split(","):
+    print(json.dumps(bench_size(name, args.reps, peak_f32, peak_bf16)), flush=True)
+
+
+if __name__ == "__main__":
+  main()
