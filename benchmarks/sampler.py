@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,42 +24,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks._common import SIZES, commit, matmul_peak, median_time  # noqa: E402
 from rlkit.models import hf  # noqa: E402
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params, num_params  # noqa: E402
 from rlkit.rollout.sampler import SamplingConfig, generate  # noqa: E402
 
-SIZES = {
-    "S": TransformerConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
-                           num_kv_heads=2, head_dim=32, rope_theta=10_000.0),
-    "M": TransformerConfig(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8,
-                           num_kv_heads=4, head_dim=64, rope_theta=10_000.0),
-}
 BATCH, PROMPT, NEW = 64, 16, 64
-
-
-def commit() -> str:
-  try:
-    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                   cwd=os.path.dirname(os.path.abspath(__file__))).strip()
-  except Exception:  # not a git checkout: the JSON still says so
-    return "unknown"
-
-
-def median_time(fn, reps: int) -> float:
-  fn()  # warm-up (compilation)
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
-def matmul_peak(dtype, n: int = 2048, reps: int = 5) -> float:
-  """FLOP/s of a large jitted matmul in this process (bf16 inputs accumulate in f32)."""
-  a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
-  f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-  return 2 * n ** 3 / median_time(lambda: f(a, a).block_until_ready(), reps)
 
 
 def decode_flops_per_token(cfg: TransformerConfig, context: float) -> float:

@@ -1,1 +1,2 @@
-"""rlkit.optim."""
+"""Optax transforms and schedules."""
+from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES, make_optimizer, optimizer_defaults

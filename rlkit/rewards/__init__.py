@@ -1,1 +1,2 @@
-"""rlkit.rewards."""
+"""Rewards: verifiers, rubric aggregation, reward models (registry `REWARDS`)."""
+from rlkit.rewards.verifier import REWARDS

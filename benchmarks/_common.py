@@ -1,0 +1,50 @@
+"""Shared pieces of the benchmark scripts: the model sizes, the commit, median timing and the matmul peak.
+
+Not a benchmark itself; imported by `benchmarks/sampler.py`, `benchmarks/forward.py` and
+`benchmarks/rl_step.py` (each script puts the repository root on `sys.path` first).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from rlkit.models.transformer import TransformerConfig
+
+SIZES = {
+    "S": TransformerConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=32, rope_theta=10_000.0),
+    "M": TransformerConfig(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8,
+                           num_kv_heads=4, head_dim=64, rope_theta=10_000.0),
+}
+
+
+def commit() -> str:
+  try:
+    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                   cwd=os.path.dirname(os.path.abspath(__file__))).strip()
+  except Exception:  # not a git checkout: the JSON still says so
+    return "unknown"
+
+
+def median_time(fn: Callable[[], object], reps: int) -> float:
+  """Median wall seconds of `fn()` over `reps` calls after one warm-up call (compilation)."""
+  fn()
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def matmul_peak(dtype, n: int = 2048, reps: int = 5) -> float:
+  """FLOP/s of a large jitted matmul in this process (bf16 inputs accumulate in f32)."""
+  a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
+  f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+  return 2 * n ** 3 / median_time(lambda: f(a, a).block_until_ready(), reps)

@@ -1,0 +1,234 @@
+"""RL step cost: where one GRPO iteration's wall time goes, and our update step against a PyTorch step.
+
+Prints two JSON lines:
+
+(a) `"part": "iteration"` — one RL iteration of `configs/grpo_arith.py` (preset cpu), built the way
+    `rlkit/train/run.py` builds it (its `build_*` functions, data in a temp dir) and timed phase by phase,
+    mirroring `rlkit/train/stages.py` `_rl_run` on its default path (no dynamic sampling, no overlong
+    penalty, no KL reference): data (next prompt batch), generate (KV-cache sampler, the config's sampling
+    settings), reward (decode + verifier), score (group advantages + trainer re-score of old log-probs and
+    the mismatch), update (`make_rl_step`, ppo_epochs x minibatches). Reports generation tokens/s (generated
+    tokens / generate time), update tokens/s (real sequence tokens x epochs / update time), and each phase's
+    share of the iteration (median phase time / median iteration time). Params are the config's random
+    init (no SFT stage first), so rewards are ~0 and most rows run the full response budget.
+(b) `"part": "update_vs_torch"` — the update on the M model (benchmarks/sampler.py sizes), batch 8 x 256
+    random tokens: rlkit's `make_sft_step` (next-token cross-entropy, optax.adamw, one jitted step with the
+    state donated; the RL policy loss adds only elementwise work to the same matmuls) against
+    `transformers.Qwen3ForCausalLM` with the same weights (via `hf.save` + `from_pretrained`), eager
+    forward + `labels=` loss + backward + `torch.optim.AdamW(fused=True)`, 2 threads. In f32, and in bf16
+    compute with f32 master weights on both sides (`TransformerConfig(dtype="bfloat16")` vs
+    `torch.autocast("cpu", torch.bfloat16)`). `update_speedup_vs_torch` = torch step time / ours.
+    The first (warm-up) step's loss of each side is reported: same weights and tokens give the same loss.
+
+  python benchmarks/rl_step.py [--reps 10] [--update-reps 3] [--quick]
+
+Timings are medians over the reps after one warm-up. `--quick` (a smoke test): 3 iteration reps, 1 update
+rep, and batch 2 x 128 in (b).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from absl import logging  # noqa: E402
+
+from benchmarks._common import SIZES, commit, median_time  # noqa: E402
+from rlkit.data.pipeline import make_iterator  # noqa: E402
+from rlkit.models import hf  # noqa: E402
+from rlkit.models.transformer import Transformer, init_params, num_params  # noqa: E402
+from rlkit.objectives import group_advantages  # noqa: E402
+from rlkit.optim.optimizers import make_optimizer  # noqa: E402
+from rlkit.parallel.mesh import mesh_from_config  # noqa: E402
+from rlkit.parallel.rules import shard_batch  # noqa: E402
+from rlkit.rewards import REWARDS  # noqa: E402
+from rlkit.rollout.sampler import SamplingConfig, generate  # noqa: E402
+from rlkit.train.evaluate import decode_responses  # noqa: E402
+from rlkit.train.run import build_data, build_model, build_task, build_tokenizer  # noqa: E402
+from rlkit.train.stages import _rl_loss_config  # noqa: E402  (the RL stage's own loss settings)
+from rlkit.train.steps import init_train_state, make_rl_step, make_score_fn, make_sft_step  # noqa: E402
+
+PHASES = ("data", "generate", "reward", "score", "update")
+LR, WEIGHT_DECAY = 1e-4, 0.01
+
+
+def load_config(preset: str):
+  spec = importlib.util.spec_from_file_location("grpo_arith", os.path.join(ROOT, "configs", "grpo_arith.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(preset)
+
+
+# ------------------------------------------------------------------------------------ (a) one RL iteration
+
+def bench_iteration(reps: int) -> dict:
+  config = load_config("cpu")
+  cfg = config.rl
+  key = jax.random.key(config.seed)
+  mesh = mesh_from_config(config.mesh)
+  tok, task = build_tokenizer(config), build_task(config)
+  with tempfile.TemporaryDirectory() as tmp, jax.set_mesh(mesh):
+    sources = build_data(config, tmp)
+    model, params = build_model(config, tok, jax.random.fold_in(key, 1), mesh)
+    put_batch = lambda b: shard_batch(b, mesh)  # noqa: E731
+    tx = make_optimizer(cfg.optimizer, cfg.steps * cfg.ppo_epochs * cfg.minibatches)
+    step_fn = make_rl_step(model, tx, _rl_loss_config(cfg), cfg.micro_batches)
+    score = make_score_fn(model, cfg.temperature)
+    sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                              top_p=cfg.top_p, stop_ids=tok.stop_ids, pad_id=tok.pad_id)
+    it = make_iterator(sources["train"], cfg.prompts_per_step, config.seed + 1000 * config.stages.index("rl"), tok,
+                       config.data.max_prompt_len)
+    n_rows = cfg.prompts_per_step * cfg.group_size
+    stage_key = jax.random.fold_in(key, 2)
+    train = init_train_state(params, tx)
+
+    def iteration(step: int):
+      nonlocal train
+      k = jax.random.fold_in(stage_key, step)
+      t = {"start": time.perf_counter()}
+      batch = next(it)
+      t["data"] = time.perf_counter()
+      rep = np.repeat(np.arange(len(batch["answer"])), cfg.group_size)
+      dev = put_batch({"prompt": batch["prompt_tokens"][rep], "mask": batch["prompt_mask"][rep]})
+      rollout = generate(model, train.params, dev["prompt"], dev["mask"], jax.random.fold_in(k, 0), sampling,
+                         group_ids=jnp.asarray(rep, jnp.int32))
+      jax.block_until_ready(rollout)
+      t["generate"] = time.perf_counter()
+      texts = decode_responses(tok, rollout)
+      rewards, _ = REWARDS.get(cfg.reward)(task, texts, [batch["answer"][i] for i in rep])
+      t["reward"] = time.perf_counter()
+      adv = group_advantages(cfg.advantage, jnp.asarray(rewards, jnp.float32), cfg.group_size, cfg.adv_eps)
+      data = {"tokens": rollout.tokens, "attention_mask": rollout.attention_mask, "response": rollout.response,
+              "response_mask": rollout.response_mask, "advantages": adv}
+      old_logp = score(train.params, data)
+      mask = np.asarray(rollout.response_mask)
+      np.abs(np.asarray(old_logp) - np.asarray(rollout.logprobs))[mask]   # the mismatch metric's host copy
+      data["old_logp"] = old_logp
+      t["score"] = time.perf_counter()
+      sums = None
+      for epoch in range(cfg.ppo_epochs):
+        perm = np.asarray(jax.random.permutation(jax.random.fold_in(k, 7_000 + epoch), n_rows))
+        for part in np.split(perm, cfg.minibatches):
+          train, m = step_fn(train, jax.tree.map(lambda x: x[part], data))
+          sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
+      jax.device_get(sums)
+      t["update"] = time.perf_counter()
+      times = {p: t[p] - t[prev] for prev, p in zip(("start",) + PHASES, PHASES)}
+      times["total"] = t["update"] - t["start"]
+      return times, int(np.asarray(rollout.lengths).sum()), int(np.asarray(rollout.attention_mask).sum())
+
+    iteration(0)   # warm-up: compiles generate, score and the step
+    runs = [iteration(step) for step in range(1, reps + 1)]
+  med = {p: statistics.median(r[0][p] for r in runs) for p in PHASES + ("total",)}
+  gen_tokens = statistics.median(r[1] for r in runs)
+  return {
+      "benchmark": "rl_step", "part": "iteration", "config": "configs/grpo_arith.py:cpu",
+      "params": num_params(params), "rows": n_rows, "prompt_len": config.data.max_prompt_len,
+      "max_new_tokens": cfg.max_new_tokens, "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "iteration_ms": round(1e3 * med["total"], 1),
+      "gen_tokens_per_s": round(statistics.median(r[1] / r[0]["generate"] for r in runs), 1),
+      "update_tokens_per_s": round(statistics.median(cfg.ppo_epochs * r[2] / r[0]["update"] for r in runs), 1),
+      "mean_response_len": round(gen_tokens / n_rows, 2),
+      **{f"{p}_ms": round(1e3 * med[p], 1) for p in PHASES},
+      **{f"{p}_share": round(med[p] / med["total"], 3) for p in PHASES},
+  }
+
+
+# --------------------------------------------------------------------------- (b) update vs a PyTorch step
+
+def ours_update(cfg, params, tokens: np.ndarray, reps: int) -> tuple[float, float]:
+  """(median step seconds, warm-up loss) of make_sft_step with optax.adamw."""
+  tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
+  step = make_sft_step(Transformer(cfg), tx)
+  t = jnp.asarray(tokens, jnp.int32)
+  ones = jnp.ones(t.shape, bool)
+  batch = {"tokens": t, "attention_mask": ones, "loss_mask": ones}
+  box = {"state": init_train_state(jax.tree.map(jnp.copy, params), tx), "losses": []}   # the step donates
+
+  def run():
+    box["state"], metrics = step(box["state"], batch)
+    box["losses"].append(float(metrics["loss"]))   # also waits for the step
+    jax.block_until_ready(box["state"])
+  return median_time(run, reps), box["losses"][0]
+
+
+def torch_update(folder: str, tokens: np.ndarray, reps: int, bf16: bool) -> tuple[float, float]:
+  """(median step seconds, warm-up loss) of eager Qwen3ForCausalLM fwd + bwd + fused AdamW, f32 weights."""
+  import contextlib
+
+  import torch
+  import transformers
+  torch.set_num_threads(2)
+  model = transformers.Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+  ids = torch.tensor(tokens, dtype=torch.long)
+  losses = []
+
+  def run():
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with ctx:
+      loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    losses.append(float(loss))
+  return median_time(run, reps), losses[0]
+
+
+def bench_update(reps: int, batch: int, seq: int) -> dict:
+  cfg = SIZES["M"]
+  params = init_params(cfg, jax.random.key(0))
+  tokens = np.random.default_rng(0).integers(3, cfg.vocab_size, (batch, seq))
+  with tempfile.TemporaryDirectory() as tmp:
+    folder = os.path.join(tmp, "model")
+    hf.save(folder, cfg, params, model_type="qwen3")
+    t_peer, loss_peer = torch_update(folder, tokens, reps, bf16=False)
+    t_peer_bf16, loss_peer_bf16 = torch_update(folder, tokens, reps, bf16=True)
+  t_ours, loss_ours = ours_update(cfg, params, tokens, reps)
+  t_ours_bf16, loss_ours_bf16 = ours_update(cfg.replace(dtype="bfloat16"), params, tokens, reps)
+  n = batch * seq
+  return {
+      "benchmark": "rl_step", "part": "update_vs_torch", "size": "M", "params": num_params(params),
+      "batch": batch, "seq": seq, "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "ours": "make_sft_step+optax.adamw", "peer": "transformers Qwen3ForCausalLM eager+torch AdamW(fused)",
+      "update_tokens_per_s": round(n / t_ours, 1), "peer_tokens_per_s": round(n / t_peer, 1),
+      "update_speedup_vs_torch": round(t_peer / t_ours, 3),
+      "bf16_update_tokens_per_s": round(n / t_ours_bf16, 1), "peer_bf16_tokens_per_s": round(n / t_peer_bf16, 1),
+      "bf16_update_speedup_vs_torch": round(t_peer_bf16 / t_ours_bf16, 3),
+      "loss": round(loss_ours, 4), "peer_loss": round(loss_peer, 4),
+      "bf16_loss": round(loss_ours_bf16, 4), "peer_bf16_loss": round(loss_peer_bf16, 4),
+  }
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--reps", type=int, default=10, help="RL iterations timed in (a)")
+  parser.add_argument("--update-reps", type=int, default=3, help="update steps timed per side in (b)")
+  parser.add_argument("--quick", action="store_true", help="smoke test: 3 / 1 reps, batch 2 x 128 in (b)")
+  args = parser.parse_args()
+  logging.set_verbosity(logging.ERROR)   # tfds announces the dataset it prepares
+  import tensorflow_datasets as tfds
+  tfds.disable_progress_bar()
+  if args.quick:
+    print(json.dumps(bench_iteration(3)), flush=True)
+    print(json.dumps(bench_update(1, 2, 128)), flush=True)
+  else:
+    print(json.dumps(bench_iteration(args.reps)), flush=True)
+    print(json.dumps(bench_update(args.update_reps, 8, 256)), flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,97 @@
+"""The main job: SFT a small Qwen3-architecture model from scratch on arithmetic, then GRPO on the same task.
+
+  python launch.py --config=configs/grpo_arith.py --workdir=/tmp/grpo_arith          # preset cpu
+  python launch.py --config=configs/grpo_arith.py:gpu --workdir=/tmp/grpo_arith_gpu   # one H200
+
+Presets: `cpu` (default; about 10 minutes on a 2-core CPU), `gpu` (larger model and batches for one GPU),
+`test` (seconds; used by the tests). SFT deliberately stops early, so the checkpoint it leaves gets a
+fraction of held-out problems right and RL has room to improve it. Results: experiments/grpo_arith/.
+Every field is documented in rlkit/train/config.py.
+"""
+from rlkit.train.config import base_config, rl_defaults, sft_defaults
+
+
+def get_config(arg=None):
+  preset = arg or "cpu"
+  c = base_config()
+  c.stages = ("sft", "rl")
+  c.task.name = "arithmetic"
+  c.task.kwargs.ops = "+"
+  c.task.kwargs.min_digits = 1
+  c.task.kwargs.max_digits = 2
+  c.data.num_train = 8_000           # of the ~9.8k distinct prompts; the held-out 500 are disjoint
+  c.data.num_test = 500
+  c.data.max_prompt_len = 8          # BOS + "99+99=" fits
+  c.model.hidden_size = 128
+  c.model.intermediate_size = 384
+  c.model.num_layers = 2
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 2
+  c.model.head_dim = 32
+
+  c.sft = sft_defaults()
+  c.sft.steps = 400
+  c.sft.batch_size = 64
+  c.sft.max_len = 16
+  c.sft.optimizer.lr = 3e-3
+  c.sft.optimizer.warmup_steps = 20
+
+  c.rl = rl_defaults()
+  c.rl.steps = 300
+  c.rl.prompts_per_step = 16
+  c.rl.group_size = 8
+  c.rl.max_new_tokens = 5
+  c.rl.optimizer.lr = 1e-3
+  c.rl.eval_every = 50
+
+  c.eval.num_examples = 500
+  c.eval.batch_size = 500
+  c.eval.pass_k = 4
+  c.eval.max_new_tokens = 5
+  c.checkpoint.every = 50
+
+  if preset == "cpu":
+    pass
+  elif preset == "gpu":
+    c.task.kwargs.max_digits = 5
+    c.data.max_prompt_len = 13
+    c.data.num_train = 200_000
+    c.model.hidden_size = 512
+    c.model.intermediate_size = 1536
+    c.model.num_layers = 8
+    c.model.num_heads = 8
+    c.model.num_kv_heads = 4
+    c.model.head_dim = 64
+    c.model.dtype = "bfloat16"
+    c.sft.steps = 2000
+    c.sft.batch_size = 256
+    c.sft.max_len = 24
+    c.rl.steps = 500
+    c.rl.prompts_per_step = 64
+    c.rl.group_size = 16
+    c.rl.max_new_tokens = 8
+    c.eval.max_new_tokens = 8
+    c.checkpoint.every = 100
+  elif preset == "test":
+    c.data.num_train = 512
+    c.data.num_test = 32
+    c.model.hidden_size = 32
+    c.model.intermediate_size = 64
+    c.model.num_heads = 2
+    c.model.num_kv_heads = 1
+    c.model.head_dim = 16
+    c.sft.steps = 4
+    c.sft.batch_size = 8
+    c.rl.steps = 4
+    c.rl.prompts_per_step = 4
+    c.rl.group_size = 4
+    c.rl.eval_every = 0
+    c.eval.num_examples = 16
+    c.eval.batch_size = 16
+    c.eval.pass_k = 2
+    c.checkpoint.every = 2
+    c.wandb.mode = "disabled"
+    c.progress = False
+  else:
+    raise ValueError(f"Unknown preset {preset!r} for grpo_arith; choose cpu, gpu or test.")
+  return c

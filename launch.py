@@ -1,0 +1,56 @@
+"""rlkit entry point.
+
+  python launch.py --config=configs/grpo_arith.py[:preset] [--config.a.b=value ...] --workdir=DIR
+
+The whole config is validated before any work: unknown keys, wrong types and unknown registry names stop the
+run with one message and a non-zero exit, and nothing is written. Then the resolved config is printed and
+saved to DIR/config.json, multi-host JAX is initialised if the environment asks for it, and the stages run.
+Rerunning the same command on an existing DIR resumes from its newest checkpoint.
+"""
+import json
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/x.py[:preset]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and plots.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO; -v 0 brings it back
+  from rlkit.train.config import ConfigError, validate
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  try:
+    validate(config)
+  except ConfigError as e:
+    print(f"Config error: {e}", file=sys.stderr)
+    sys.exit(2)
+  from rlkit.parallel.mesh import maybe_initialize_distributed
+  maybe_initialize_distributed()
+  import jax
+  resolved = config.to_json_best_effort(indent=2, sort_keys=True)
+  if jax.process_index() == 0:
+    print(resolved, flush=True)
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "config.json")
+    if os.path.exists(path) and json.load(open(path)) != json.loads(resolved):
+      logging.warning("%s differs from this run's config; it is overwritten (the checkpoint still resumes).",
+                      path)
+    with open(path + ".tmp", "w") as f:
+      f.write(resolved + "\n")
+    os.replace(path + ".tmp", path)
+  from rlkit.train.run import run
+  final = run(config, workdir)
+  if final:
+    print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k in ("step", "stage")}))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,232 @@
+"""The run config: every section's fields with their defaults and one comment each, and validation.
+
+Experiment configs (`configs/*.py`) start from `base_config()` and the stage defaults here and only change
+values, so each field is documented once, in this file. `validate(config)` runs before any work: unknown
+keys (a typo in a config file), wrong types and unknown registry names fail with one message naming the key,
+what is wrong, and the valid choices.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES, optimizer_defaults
+
+
+def model_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.hf_path = ""                # load a Hugging Face folder instead of building from the fields below
+  c.vocab_size = 0              # 0: take the tokenizer's vocabulary size
+  c.hidden_size = 128           # model width D
+  c.intermediate_size = 384     # SwiGLU width F
+  c.num_layers = 2              # decoder layers
+  c.num_heads = 4               # query heads
+  c.num_kv_heads = 2            # key/value heads (GQA)
+  c.head_dim = 32               # per-head width
+  c.rope_theta = 10_000.0       # RoPE base
+  c.rms_norm_eps = 1e-6         # RMSNorm epsilon
+  c.tie_word_embeddings = True  # share the embedding with the LM head
+  c.num_experts = 0             # >0: Qwen3-MoE layers with this many experts
+  c.num_experts_per_tok = 0     # top-k experts per token (MoE)
+  c.moe_intermediate_size = 0   # expert SwiGLU width (MoE)
+  c.param_dtype = "float32"     # parameter (master weight) dtype
+  c.dtype = "float32"           # compute dtype: float32 | bfloat16
+  return c
+
+
+def sft_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.kind = "sft"                # stage kind (registry STAGES)
+  c.steps = 100                 # optimizer steps
+  c.batch_size = 32             # sequences per step
+  c.micro_batches = 1           # gradient accumulation slices per step
+  c.max_len = 32                # tokens per SFT sequence (prompt + completion), padded
+  c.eval_every = 0              # evaluate every N steps (0: only at the end of the stage)
+  c.optimizer = optimizer_defaults()
+  return c
+
+
+def rl_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.kind = "rl"                 # stage kind (registry STAGES)
+  c.steps = 50                  # RL iterations (sample -> score -> update)
+  c.prompts_per_step = 16       # distinct prompts per iteration
+  c.group_size = 8              # completions per prompt (G)
+  c.max_new_tokens = 8          # response budget; also the Dr. GRPO length constant
+  c.temperature = 1.0           # sampling temperature (the trainer scores at the same temperature)
+  c.top_k = 0                   # sampler top-k (0: off)
+  c.top_p = 1.0                 # sampler nucleus mass (1: off)
+  c.reward = "verifier"         # reward function (registry REWARDS)
+  c.advantage = "group"         # group | batch | none (Dr. GRPO) | rloo
+  c.adv_eps = 1e-6              # std epsilon of the group/batch advantage
+  c.policy_loss = "ppo_clip"    # ppo_clip | gspo | gspo_token
+  c.eps_low = 0.2               # lower clip range (ratio >= 1 - eps_low)
+  c.eps_high = 0.2              # upper clip range (DAPO clip-higher: eps_high > eps_low)
+  c.dual_clip = 0.0             # dual-clip constant for negative advantages (0: off; verl uses 3)
+  c.aggregation = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+  c.kl_beta = 0.0               # weight of the KL penalty to the stage's initial policy (0: no reference)
+  c.kl_estimator = "k3"         # k1 | k2 | k3
+  c.entropy_coef = 0.0          # entropy bonus weight
+  c.ppo_epochs = 1              # passes over each iteration's rollouts
+  c.minibatches = 1             # optimizer steps per epoch (rollouts split into this many minibatches)
+  c.micro_batches = 1           # gradient accumulation slices per minibatch
+  c.dynamic_sampling = False    # DAPO: drop zero-variance groups and sample more prompts to refill
+  c.max_sampling_rounds = 4     # cap on extra sampling rounds of dynamic sampling
+  c.overlong_cache = 0          # DAPO soft overlong penalty over the last N tokens of the budget (0: off)
+  c.overlong_factor = 1.0       # penalty at the full budget
+  c.eval_every = 0              # evaluate every N iterations (0: only at the end of the stage)
+  c.optimizer = optimizer_defaults()
+  return c
+
+
+STAGE_DEFAULTS = {"sft": sft_defaults, "rl": rl_defaults}
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0                    # every random draw derives from this
+  c.stages = ("sft", "rl")      # stage section names, run in order; each section's `kind` says what it is
+  c.tokenizer = ml_collections.ConfigDict()
+  c.tokenizer.kind = "char"     # char | hf
+  c.tokenizer.path = ""         # tokenizer.json or its folder (hf)
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "arithmetic"    # task registry name: arithmetic | countdown | jsonl
+  c.task.kwargs = ml_collections.ConfigDict()   # the task's own parameters (e.g. ops, max_digits)
+  c.data = ml_collections.ConfigDict()
+  c.data.num_train = 20_000     # generated training examples (synthetic tasks)
+  c.data.num_test = 500         # generated held-out examples
+  c.data.train_jsonl = ""       # user data: a JSONL file of {"prompt", "answer"} rows (task.name = jsonl)
+  c.data.test_jsonl = ""        # held-out JSONL file (task.name = jsonl)
+  c.data.dir = ""               # where the array_record files go ("" = WORKDIR/data)
+  c.data.max_prompt_len = 16    # prompt tokens (left-padded)
+  c.model = model_defaults()
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1              # data-parallel axis (-1: all remaining devices)
+  c.mesh.fsdp = 1               # parameter-sharding axis
+  c.mesh.tensor = 1             # tensor-parallel axis
+  c.eval = ml_collections.ConfigDict()
+  c.eval.num_examples = 256     # held-out prompts per evaluation
+  c.eval.batch_size = 256       # prompts per sampler call
+  c.eval.pass_k = 4             # samples per prompt for pass@k (0: skip)
+  c.eval.max_new_tokens = 8     # response budget at evaluation
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 50       # save every N global steps (and at the end of every stage)
+  c.checkpoint.max_to_keep = 2  # newest checkpoints kept
+  c.wandb = ml_collections.ConfigDict()
+  c.wandb.mode = "offline"      # disabled | offline | online
+  c.wandb.project = "rlkit"     # wandb project name
+  c.progress = True             # tqdm progress bar
+  return c
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+class ConfigError(ValueError):
+  """A user mistake in the config; the message names the key and the fix."""
+
+
+def _check_section(section: Any, defaults: ml_collections.ConfigDict, where: str) -> None:
+  if not isinstance(section, (ml_collections.ConfigDict, dict)):
+    raise ConfigError(f"{where} must be a section (ConfigDict), got {type(section).__name__}.")
+  for key in section.keys():
+    if key not in defaults:
+      raise ConfigError(f"Unknown config key {where}.{key}. Valid keys of {where}: {', '.join(sorted(defaults))}.")
+  for key, default in defaults.items():
+    if key not in section:
+      raise ConfigError(f"Missing config key {where}.{key} (default {default!r}); build configs from "
+                        "rlkit.train.config defaults.")
+    value = section[key]
+    if isinstance(default, ml_collections.ConfigDict):
+      if where.endswith("task") and key == "kwargs":
+        continue   # free-form: the task validates its own parameters
+      _check_section(value, default, f"{where}.{key}")
+    elif not _same_type(value, default):
+      raise ConfigError(f"{where}.{key}={value!r} has type {type(value).__name__}; expected "
+                        f"{type(default).__name__} (default {default!r}).")
+
+
+def _same_type(value: Any, default: Any) -> bool:
+  if isinstance(default, bool):
+    return isinstance(value, bool)
+  if isinstance(default, float):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  if isinstance(default, int):
+    return isinstance(value, int) and not isinstance(value, bool)
+  if isinstance(default, (tuple, list)):
+    return isinstance(value, (tuple, list))
+  return isinstance(value, type(default))
+
+
+def _choice(value: str, registry, key: str) -> None:
+  try:
+    registry.check(value, key)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError on the first problem; does nothing else (no files, no devices)."""
+  from rlkit.data.tasks import TASKS
+  from rlkit.models.tokenizer import TOKENIZERS
+  from rlkit.objectives import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+  from rlkit.rewards import REWARDS
+  from rlkit.train.stages import STAGES
+
+  base = base_config()
+  stages = tuple(config.get("stages", ()))
+  if not stages:
+    raise ConfigError("config.stages is empty; list the stage sections to run, e.g. ('sft', 'rl').")
+  for key in config.keys():
+    section = config[key]
+    is_stage = isinstance(section, ml_collections.ConfigDict) and "kind" in section
+    if key not in base and not is_stage:
+      raise ConfigError(f"Unknown config key {key}. Valid top-level keys: {', '.join(sorted(base))}, plus stage "
+                        f"sections (sections with a `kind`; config.stages runs {', '.join(stages)}).")
+  for key in base.keys():
+    if key == "stages":
+      continue
+    if key not in config:
+      raise ConfigError(f"Missing config section {key}.")
+    if isinstance(base[key], ml_collections.ConfigDict):
+      _check_section(config[key], base[key], key)
+    elif not _same_type(config[key], base[key]):
+      raise ConfigError(f"{key}={config[key]!r} has type {type(config[key]).__name__}; expected "
+                        f"{type(base[key]).__name__}.")
+  _choice(config.task.name, TASKS, "task.name")
+  _choice(config.tokenizer.kind, TOKENIZERS, "tokenizer.kind")
+  if config.wandb.mode not in ("disabled", "offline", "online"):
+    raise ConfigError(f"wandb.mode={config.wandb.mode!r}; choose one of disabled, offline, online.")
+  for dt_key in ("param_dtype", "dtype"):
+    if config.model[dt_key] not in ("float32", "bfloat16"):
+      raise ConfigError(f"model.{dt_key}={config.model[dt_key]!r}; choose float32 or bfloat16.")
+  for name in stages:
+    if name not in config:
+      raise ConfigError(f"config.stages names {name!r} but there is no config.{name} section.")
+  for name in [k for k in config.keys() if k not in base]:
+    section = config[name]
+    kind = section.get("kind", None)
+    _choice(kind, STAGES, f"{name}.kind")
+    _check_section(section, STAGE_DEFAULTS[kind](), name)
+    _choice(section.optimizer.name, OPTIMIZERS, f"{name}.optimizer.name")
+    _choice(section.optimizer.schedule, SCHEDULES, f"{name}.optimizer.schedule")
+    if section.steps < 0:
+      raise ConfigError(f"{name}.steps={section.steps} must be >= 0.")
+    if kind == "rl":
+      _choice(section.reward, REWARDS, f"{name}.reward")
+      _choice(section.advantage, ADVANTAGES, f"{name}.advantage")
+      _choice(section.policy_loss, POLICY_LOSSES, f"{name}.policy_loss")
+      _choice(section.aggregation, AGGREGATIONS, f"{name}.aggregation")
+      _choice(section.kl_estimator, KL_ESTIMATORS, f"{name}.kl_estimator")
+      rows = section.prompts_per_step * section.group_size
+      if rows % (section.minibatches * section.micro_batches):
+        raise ConfigError(f"{name}: prompts_per_step*group_size={rows} must divide into minibatches*"
+                          f"micro_batches={section.minibatches * section.micro_batches} equal parts.")
+      if section.group_size < 2 and section.advantage != "batch":
+        raise ConfigError(f"{name}.group_size={section.group_size}: group advantages need at least 2 "
+                          "completions per prompt.")
+    if kind == "sft" and section.batch_size % section.micro_batches:
+      raise ConfigError(f"{name}.batch_size={section.batch_size} must be a multiple of "
+                        f"{name}.micro_batches={section.micro_batches}.")
+  if config.task.name == "jsonl" and not config.data.train_jsonl:
+    raise ConfigError("task.name='jsonl' needs data.train_jsonl (and data.test_jsonl for evaluation).")

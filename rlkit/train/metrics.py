@@ -1,0 +1,139 @@
+"""Run logging: `workdir/metrics.jsonl`, wandb (offline by default), a tqdm bar, and a PNG of the curves.
+
+Every row of metrics.jsonl is one JSON object with `step` (global, across stages), `stage` and the metrics
+of that step; eval rows carry `eval/...` keys. On resume, rows past the restored step are dropped first, so
+the file of a resumed run is identical in content to an uninterrupted one (wall-clock fields aside).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+# Wall-clock fields differ between two runs of the same config; everything else must not.
+TIMING_KEYS = ("time", "tokens_per_s", "sample_s", "update_s", "step_s", "gen_tokens_per_s")
+
+
+def _jsonable(v: Any) -> Any:
+  if isinstance(v, (np.generic, np.ndarray)) or hasattr(v, "__array__"):
+    v = np.asarray(v)
+    v = v.item() if v.ndim == 0 else v.tolist()
+  if isinstance(v, float) and not math.isfinite(v):
+    return str(v)
+  return v
+
+
+def read_metrics(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsLogger:
+  """Appends metric rows to JSONL, mirrors them to wandb, and drives one progress bar per stage."""
+
+  def __init__(self, workdir: str, wandb_mode: str = "offline", project: str = "rlkit",
+               config: Optional[dict] = None, resume_step: Optional[int] = None, progress: bool = True):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.workdir = workdir
+    rows = read_metrics(self.path)
+    if resume_step is None:
+      rows = []
+    else:
+      rows = [r for r in rows if r["step"] <= resume_step]
+    self._write_all(rows)
+    self._file = open(self.path, "a")
+    self._bar = None
+    self._progress = progress
+    self._wandb = None
+    if wandb_mode != "disabled":
+      import wandb
+      self._wandb = wandb.init(project=project, mode=wandb_mode, dir=workdir, config=config,
+                               resume="allow", id=_run_id(workdir))
+
+  def _write_all(self, rows: list[dict]) -> None:
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      for r in rows:
+        f.write(json.dumps(r) + "\n")
+    os.replace(tmp, self.path)
+
+  def start_stage(self, name: str, total: int, initial: int = 0) -> None:
+    if not self._progress:
+      return
+    from tqdm import tqdm
+    self.close_bar()
+    self._bar = tqdm(total=total, initial=initial, desc=name, dynamic_ncols=True)
+
+  def log(self, step: int, stage: str, metrics: dict, show: tuple[str, ...] = ()) -> None:
+    row = {"step": int(step), "stage": stage}
+    row.update({k: _jsonable(v) for k, v in metrics.items()})
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+    if self._wandb is not None:
+      self._wandb.log({f"{stage}/{k}" if "/" not in k else k: v for k, v in row.items()
+                       if isinstance(v, (int, float)) and k != "step"}, step=int(step))
+    if self._bar is not None and show:
+      self._bar.set_postfix({k: f"{row[k]:.3g}" for k in show if isinstance(row.get(k), (int, float))},
+                            refresh=False)
+
+  def advance(self, n: int = 1) -> None:
+    if self._bar is not None:
+      self._bar.update(n)
+
+  def close_bar(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
+
+  def close(self) -> None:
+    self.close_bar()
+    self._file.close()
+    if self._wandb is not None:
+      self._wandb.finish()
+
+
+def _run_id(workdir: str) -> str:
+  """A stable wandb run id per workdir, so a resumed run continues the same wandb run."""
+  import hashlib
+  return hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
+
+
+PLOT_KEYS = ("reward", "accuracy", "loss", "eval/accuracy", "kl", "entropy", "mismatch/mean", "response_len")
+
+
+def plot_metrics(path: str, out_png: str) -> Optional[str]:
+  """One panel per main curve, x = global step, colored by stage. Returns the PNG path (None if no rows)."""
+  rows = read_metrics(path)
+  if not rows:
+    return None
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  keys = [k for k in PLOT_KEYS if any(isinstance(r.get(k), (int, float)) for r in rows)]
+  if not keys:
+    return None
+  cols = min(3, len(keys))
+  nrows = math.ceil(len(keys) / cols)
+  fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.2 * nrows), squeeze=False)
+  stages = list(dict.fromkeys(r["stage"] for r in rows))
+  for ax, key in zip(axes.flat, keys):
+    for stage in stages:
+      pts = [(r["step"], r[key]) for r in rows if r["stage"] == stage and isinstance(r.get(key), (int, float))]
+      if pts:
+        x, y = zip(*pts)
+        ax.plot(x, y, marker="o" if key.startswith("eval/") else None, ms=3, label=stage)
+    ax.set_title(key)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(keys):]:
+    ax.axis("off")
+  axes.flat[0].legend()
+  fig.tight_layout()
+  fig.savefig(out_png, dpi=100)
+  plt.close(fig)
+  return out_png
