@@ -184,7 +184,7 @@ def torch_update(folder: str, tokens: np.ndarray, reps: int, bf16: bool) -> tupl
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    losses.append(float(loss))
+    losses.append(loss.detach().item())
   return median_time(run, reps), losses[0]
 
 
