@@ -37,18 +37,18 @@ def get_config(arg=None):
   c.sft.optimizer.warmup_steps = 20
 
   c.rl = rl_defaults()
-  c.rl.steps = 300
-  c.rl.prompts_per_step = 16
+  c.rl.steps = 600
+  c.rl.prompts_per_step = 32
   c.rl.group_size = 8
   c.rl.max_new_tokens = 5
-  c.rl.optimizer.lr = 1e-3
-  c.rl.eval_every = 50
+  c.rl.optimizer.lr = 1e-4          # Adam's first steps move every weight by ~lr: 1e-3 wrecked the policy
+  c.rl.eval_every = 100
 
   c.eval.num_examples = 500
   c.eval.batch_size = 500
   c.eval.pass_k = 4
   c.eval.max_new_tokens = 5
-  c.checkpoint.every = 50
+  c.checkpoint.every = 100
 
   if preset == "cpu":
     pass
