@@ -8,7 +8,8 @@ import optax
 import pytest
 
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params
-from rlkit.train.steps import (RLLossConfig, init_train_state, make_rl_step, make_sft_step, rl_loss)
+from rlkit.train.steps import (RLLossConfig, init_train_state, make_rl_step, make_score_fn, make_sft_step,
+                               rl_loss)
 
 CFG = TransformerConfig(vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=2,
                         num_kv_heads=1, head_dim=16, rope_theta=10_000.0)
@@ -100,3 +101,16 @@ def test_every_rl_loss_switch_has_an_effect(field):
     return np.concatenate([[float(loss)], np.concatenate([np.ravel(g) for g in jax.tree.leaves(grads)])])
 
   assert not np.allclose(value_and_grad(base), value_and_grad(flipped), rtol=1e-6, atol=1e-9), field
+
+
+def test_rl_step_raises_logp_of_positive_advantage_rows_and_lowers_negative():
+  """The sign of the whole pipeline: one SGD step moves log-probs in the direction of the advantages."""
+  batch = dict(_rl_batch(), advantages=jnp.array([1.0, -1.0] * 4))
+  params = init_params(CFG, jax.random.key(0))
+  score = make_score_fn(MODEL, 1.0)
+  before = score(params, batch)
+  batch["old_logp"] = before
+  tx = optax.sgd(0.5)
+  state, _ = make_rl_step(MODEL, tx, RLLossConfig())(init_train_state(params, tx), batch)
+  change = np.asarray((score(state.params, batch) - before).sum(-1))
+  assert (change[0::2] > 0).all() and (change[1::2] < 0).all(), change
