@@ -58,7 +58,7 @@ from rlkit.rewards import REWARDS  # noqa: E402
 from rlkit.rollout.sampler import SamplingConfig, generate  # noqa: E402
 from rlkit.train.evaluate import decode_responses  # noqa: E402
 from rlkit.train.run import build_data, build_model, build_task, build_tokenizer  # noqa: E402
-from rlkit.train.stages import _rl_loss_config  # noqa: E402  (the RL stage's own loss settings)
+from rlkit.train import stages  # noqa: E402  (the RL stage's own loss settings and update loop)
 from rlkit.train.steps import init_train_state, make_rl_step, make_score_fn, make_sft_step  # noqa: E402
 
 PHASES = ("data", "generate", "reward", "score", "update")
@@ -85,7 +85,7 @@ def bench_iteration(reps: int) -> dict:
     model, params = build_model(config, tok, jax.random.fold_in(key, 1), mesh)
     put_batch = lambda b: shard_batch(b, mesh)  # noqa: E731
     tx = make_optimizer(cfg.optimizer, cfg.steps * cfg.ppo_epochs * cfg.minibatches)
-    step_fn = make_rl_step(model, tx, _rl_loss_config(cfg), cfg.micro_batches)
+    step_fn = make_rl_step(model, tx, stages.rl_loss_config(cfg), cfg.micro_batches)
     score = make_score_fn(model, cfg.temperature)
     sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
                               top_p=cfg.top_p, stop_ids=tok.stop_ids, pad_id=tok.pad_id)
@@ -118,12 +118,7 @@ def bench_iteration(reps: int) -> dict:
       np.abs(np.asarray(old_logp) - np.asarray(rollout.logprobs))[mask]   # the mismatch metric's host copy
       data["old_logp"] = old_logp
       t["score"] = time.perf_counter()
-      sums = None
-      for epoch in range(cfg.ppo_epochs):
-        perm = np.asarray(jax.random.permutation(jax.random.fold_in(k, 7_000 + epoch), n_rows))
-        for part in np.split(perm, cfg.minibatches):
-          train, m = step_fn(train, jax.tree.map(lambda x: x[part], data))
-          sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
+      train, sums = stages.ppo_updates(step_fn, train, data, k, cfg.ppo_epochs, cfg.minibatches)
       jax.device_get(sums)
       t["update"] = time.perf_counter()
       times = {p: t[p] - t[prev] for prev, p in zip(("start",) + PHASES, PHASES)}

@@ -131,7 +131,7 @@ STAGES.add("sft", Stage(_sft_init, _sft_run))
 
 # ----------------------------------------------------------------------------------------------------- RL
 
-def _rl_loss_config(cfg) -> RLLossConfig:
+def rl_loss_config(cfg) -> RLLossConfig:
   return RLLossConfig(policy_loss=cfg.policy_loss, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
                       dual_clip=cfg.dual_clip or None, aggregation=cfg.aggregation,
                       kl_estimator=cfg.kl_estimator, kl_beta=cfg.kl_beta, entropy_coef=cfg.entropy_coef,
@@ -158,6 +158,21 @@ def _sample_round(ctx: Context, cfg, params, batch: dict, key, sampling: Samplin
   return rollout, rewards, failures
 
 
+def ppo_updates(step_fn, train, data: dict, key, epochs: int, minibatches: int):
+  """`epochs` passes over the iteration's rows, each split into `minibatches` shuffled optimizer steps.
+
+  Returns the new train state and the per-step metrics summed over all steps (still on device).
+  """
+  n_rows = data["response"].shape[0]
+  sums = None
+  for epoch in range(epochs):
+    perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 7_000 + epoch), n_rows))
+    for part in np.split(perm, minibatches):
+      train, m = step_fn(train, jax.tree.map(lambda x: x[part], data))
+      sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
+  return train, sums
+
+
 def _concat_rollouts(rollouts):
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *rollouts)
 
@@ -165,7 +180,7 @@ def _concat_rollouts(rollouts):
 def _rl_run(ctx: Context, cfg, state, start: int, meta: dict):
   total_updates = cfg.steps * cfg.ppo_epochs * cfg.minibatches
   tx = make_optimizer(cfg.optimizer, total_updates)
-  loss_cfg = _rl_loss_config(cfg)
+  loss_cfg = rl_loss_config(cfg)
   step_fn = make_rl_step(ctx.model, tx, loss_cfg, cfg.micro_batches)
   score = make_score_fn(ctx.model, cfg.temperature)
   tok = ctx.tokenizer
@@ -214,12 +229,7 @@ def _rl_run(ctx: Context, cfg, state, start: int, meta: dict):
     data["old_logp"] = old_logp
     if cfg.kl_beta > 0:
       data["ref_logp"] = score(state["ref_params"], data)
-    sums = None
-    for epoch in range(cfg.ppo_epochs):
-      perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 7_000 + epoch), n_rows))
-      for part in np.split(perm, cfg.minibatches):
-        train, m = step_fn(train, jax.tree.map(lambda x: x[part], data))
-        sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
+    train, sums = ppo_updates(step_fn, train, data, key, cfg.ppo_epochs, cfg.minibatches)
     updates = cfg.ppo_epochs * cfg.minibatches
     metrics = {k: float(v) / updates for k, v in jax.device_get(sums).items()}
     update_s = time.perf_counter() - t1

@@ -30,7 +30,7 @@ def _run(workdir, *overrides, timeout=300):
 
 @pytest.mark.parametrize("override,needle", [
     ("--config.rl.advantage=grpoo", "rl.advantage='grpoo' is not a known advantage estimator"),
-    ("--config.rl.policy_loss=ppo", "valid"),
+    ("--config.rl.policy_loss=ppo", "choose one of"),
     ("--config.sft.optimizer.name=adamw2", "optimizer"),
     ("--config.rl.lrr=0.1", "lrr"),
     ("--config.rl.steps=abc", "steps"),

@@ -1,5 +1,6 @@
 """The RL stage in-process: every stage-level switch changes what one iteration does (no dead flags)."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -48,19 +49,24 @@ def _one_iteration(**overrides):
   rng = np.random.default_rng(0)
   source = [dict(TASK.make_example(rng)) for _ in range(64)]
   cfg = rl_defaults()
-  cfg.update(dict(steps=1, prompts_per_step=4, group_size=4, max_new_tokens=3, **overrides))
+  # verifier_format gives 0.1 to any completion that starts with a number, so even an untrained model's
+  # groups have reward variance and every switch has something to act on.
+  cfg.update(dict(steps=1, prompts_per_step=8, group_size=4, max_new_tokens=3, reward="verifier_format"))
+  cfg.update(overrides)
   params = init_params(MODEL.cfg, jax.random.key(0))
   ctx = Context(config=config, model=MODEL, tokenizer=TOK, task=TASK, train_source=source, eval_records=[],
                 logger=_Log(), checkpointer=_NoCkpt(), key=jax.random.key(1), put_batch=lambda b: b)
   stage = STAGES.get("rl")
-  state = stage.run(ctx, cfg, stage.init(ctx, cfg, params), 0, {"stage": "rl", "stage_index": 0, "offset": 0})
+  # The step donates its state, so the stage gets its own copy of the initial parameters.
+  state = stage.init(ctx, cfg, jax.tree.map(jnp.copy, params))
+  state = stage.run(ctx, cfg, state, 0, {"stage": "rl", "stage_index": 0, "offset": 0})
   delta = np.concatenate([np.ravel(a - b) for a, b in zip(jax.tree.leaves(state["train"].params),
                                                           jax.tree.leaves(params))])
   return ctx.logger.rows[0], delta
 
 
 FLIPS = {
-    "temperature": 0.5, "top_k": 3, "top_p": 0.5, "reward": "verifier_format", "advantage": "rloo",
+    "temperature": 0.5, "top_k": 3, "top_p": 0.5, "reward": "verifier", "advantage": "rloo",
     "ppo_epochs": 2, "minibatches": 2, "micro_batches": 2, "kl_beta": 0.5, "dynamic_sampling": True,
     "overlong_cache": 2, "adv_eps": 10.0,
 }
@@ -68,7 +74,9 @@ FLIPS = {
 
 @pytest.fixture(scope="module")
 def baseline():
-  return _one_iteration()
+  metrics, delta = _one_iteration()
+  assert metrics["informative_groups"] > 0, "the baseline must have reward variance to test the switches"
+  return metrics, delta
 
 
 @pytest.mark.parametrize("field", sorted(FLIPS))

@@ -89,7 +89,9 @@ def test_every_rl_loss_switch_has_an_effect(field):
   if field in ("kl_estimator",):
     base = dataclasses.replace(base, kl_beta=0.5)
   if field == "dual_clip":
-    batch = dict(_rl_batch(), advantages=-jnp.abs(_rl_batch()["advantages"]))
+    # Dual clip acts on negative advantages with ratios above the constant: make both common.
+    b = _rl_batch()
+    batch = dict(b, advantages=-jnp.abs(b["advantages"]), old_logp=b["old_logp"] - 2.0)
   else:
     batch = _rl_batch()
   flipped = dataclasses.replace(base, **{field: FLIPS[field]})
