@@ -73,6 +73,29 @@ def processed_logprobs(logits: Array, cfg: SamplingConfig) -> Array:
   return jax.nn.log_softmax(x, axis=-1)
 
 
+def sample_categorical(key: Array, logp: Array, block: int = 64) -> Array:
+  """One exact draw per row from `exp(logp)` [B, V] by inverse CDF, with a single uniform per row.
+
+  Why not `jax.random.categorical`: its Gumbel trick needs V random numbers per row, and on CPU drawing them
+  dominated the decode step (6.1 ms vs 0.45 ms per step at B=64, V=4096). Two-level search: pick the block
+  of `block` tokens whose cumulative mass first reaches u, then the token inside it. u is drawn from (0, 1]
+  and clipped into the chosen block's own mass, so a zero-probability token (masked by top-k/top-p) can never
+  be returned, whatever the float rounding.
+  """
+  b, v = logp.shape
+  nb = -(-v // block)
+  p = jnp.exp(jnp.pad(logp.astype(jnp.float32), ((0, 0), (0, nb * block - v)), constant_values=-jnp.inf))
+  p = p.reshape(b, nb, block)
+  block_cdf = jnp.cumsum(p.sum(-1), axis=-1)                                  # [B, nb]
+  u = (1.0 - jax.random.uniform(key, (b,), jnp.float32)) * block_cdf[:, -1]   # in (0, total]
+  j = jnp.minimum(jnp.sum(block_cdf < u[:, None], axis=-1), nb - 1)
+  prev = jnp.where(j > 0, jnp.take_along_axis(block_cdf, jnp.maximum(j - 1, 0)[:, None], -1)[:, 0], 0.0)
+  inner = jnp.cumsum(jnp.take_along_axis(p, j[:, None, None], axis=1)[:, 0], axis=-1)   # [B, block]
+  u_in = jnp.clip(u - prev, jnp.finfo(jnp.float32).tiny, inner[:, -1])
+  i = jnp.minimum(jnp.sum(inner < u_in[:, None], axis=-1), block - 1)
+  return (j * block + i).astype(jnp.int32)
+
+
 def generate(model: Transformer, params: Any, prompt: Array, prompt_mask: Array, key: Array,
              cfg: SamplingConfig, group_ids: Optional[Array] = None) -> Rollout:
   """Samples `cfg.max_new_tokens` tokens (at most) for each left-padded prompt row.
@@ -121,7 +144,7 @@ def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_ma
     if cfg.greedy:
       tok = jnp.argmax(logp_all, axis=-1).astype(jnp.int32)
     else:
-      tok = jax.random.categorical(jax.random.fold_in(key, i), logp_all, axis=-1).astype(jnp.int32)
+      tok = sample_categorical(jax.random.fold_in(key, i), logp_all)
     tok_logp = jnp.take_along_axis(logp_all, tok[:, None], axis=-1)[:, 0]
     live = ~c["done"]
     tok = jnp.where(live, tok, cfg.pad_id)
