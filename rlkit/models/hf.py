@@ -212,7 +212,7 @@ def _params_from_hf(cfg: TransformerConfig, read: Callable[..., np.ndarray], has
 
 def _params_to_hf(cfg: TransformerConfig, params: dict) -> dict[str, np.ndarray]:
   """HF tensors `{name: [out, in] array}` of our param tree (inverse of `_params_from_hf`)."""
-  d, g, hd = cfg.hidden_size, cfg.q_per_kv, cfg.head_dim
+  d, g = cfg.hidden_size, cfg.q_per_kv
   t = lambda x: np.ascontiguousarray(np.swapaxes(np.asarray(x), -1, -2))
   out = {"model.embed_tokens.weight": np.asarray(params["embedding"])}
   for i in range(cfg.num_layers):

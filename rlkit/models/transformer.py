@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import flax.linen as nn
 import flax.struct
@@ -110,9 +110,9 @@ class KVCache:
 def init_cache(cfg: TransformerConfig, batch: int, max_len: int) -> KVCache:
   shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   dt = as_dtype(cfg.dtype)
-  zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers))
-  return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
-                 slot_mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+  layers = lambda: tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers))  # noqa: E731
+  return KVCache(keys=layers(), values=layers(), slot_mask=jnp.zeros((batch, max_len), bool),
+                 index=jnp.zeros((), jnp.int32))
 
 
 @flax.struct.dataclass

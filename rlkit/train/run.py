@@ -19,9 +19,9 @@ import numpy as np
 from rlkit.data.tasks import make_task
 from rlkit.data.tfds_builders import prepare, prepare_jsonl
 from rlkit.models.tokenizer import make_tokenizer
-from rlkit.models.transformer import Transformer, TransformerConfig, init_params
+from rlkit.models.transformer import Transformer, TransformerConfig
 from rlkit.parallel.mesh import mesh_from_config
-from rlkit.parallel.rules import shard_batch, sharded_init
+from rlkit.parallel.rules import shard_batch, shard_params, sharded_init
 from rlkit.train.checkpoint import Checkpointer
 from rlkit.train.metrics import MetricsLogger, plot_metrics
 from rlkit.train.stages import STAGES, Context
@@ -56,7 +56,6 @@ def build_model(config, tokenizer, key, mesh):
   if m.hf_path:
     from rlkit.models import hf
     module, params = hf.load(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype)
-    from rlkit.parallel.rules import shard_params
     return module, shard_params(params, mesh)
   vocab = m.vocab_size or tokenizer.vocab_size
   if vocab < tokenizer.vocab_size:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -147,7 +147,7 @@ def _rl_init(ctx: Context, cfg, params):
 
 
 def _sample_round(ctx: Context, cfg, params, batch: dict, key, sampling: SamplingConfig):
-  """G completions for each prompt of `batch`, scored. Returns (rollout, rewards [N], answers, failures)."""
+  """G completions for each prompt of `batch`, scored. Returns (rollout, rewards [N], verifier failures)."""
   g = cfg.group_size
   rep = np.repeat(np.arange(len(batch["answer"])), g)
   dev = ctx.put_batch({"prompt": batch["prompt_tokens"][rep], "mask": batch["prompt_mask"][rep]})
