@@ -19,40 +19,50 @@ def load(workdir):
   sft = [r for r in evals if r["stage"] == "sft"][-1]
   rl = [r for r in evals if r["stage"] == "rl"][-1]
   wall = sum(r.get("step_s", 0.0) for r in rows)
-  return {"seed": config["seed"], "sft": sft, "rl": rl, "evals": evals, "train_s": wall, "rows": rows}
+  return {"seed": config["seed"], "sft": sft, "rl": rl, "evals": evals, "train_s": wall, "rows": rows,
+          "sft_steps_reserved": config["sft"]["steps"], "stop_at_loss": config["sft"].get("stop_at_loss", 0.0)}
 
 
 def main(workdirs):
   runs = [load(w) for w in workdirs]
   pk = next(k for k in runs[0]["rl"] if k.startswith("eval/pass@"))
-  print(f"| seed | SFT greedy acc | RL greedy acc | gain (points) | SFT {pk[5:]} | RL {pk[5:]} | train+eval steps (s) |")
-  print("|---|---|---|---|---|---|---|")
+  print(f"| seed | SFT steps | SFT greedy acc | RL greedy acc | gain (points) | SFT {pk[5:]} | RL {pk[5:]} | "
+        "train+eval steps (s) |")
+  print("|---|---|---|---|---|---|---|---|")
   gains = []
   for r in runs:
     gain = 100 * (r["rl"]["eval/accuracy"] - r["sft"]["eval/accuracy"])
     gains.append(gain)
-    print(f"| {r['seed']} | {r['sft']['eval/accuracy']:.3f} | {r['rl']['eval/accuracy']:.3f} | {gain:+.1f} | "
-          f"{r['sft'][pk]:.3f} | {r['rl'][pk]:.3f} | {r['train_s']:.0f} |")
+    print(f"| {r['seed']} | {r['sft']['step']} | {r['sft']['eval/accuracy']:.3f} | {r['rl']['eval/accuracy']:.3f} | "
+          f"{gain:+.1f} | {r['sft'][pk]:.3f} | {r['rl'][pk]:.3f} | {r['train_s']:.0f} |")
   print(f"\nmean gain {np.mean(gains):+.1f} points (min {np.min(gains):+.1f}, max {np.max(gains):+.1f})")
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+  # SFT ends at a different step on each seed (sft.stop_at_loss), so curves are drawn against each stage's
+  # own step: SFT loss by SFT step, and RL by iteration with iteration 0 = the SFT checkpoint.
+  fig, axes = plt.subplots(1, 3, figsize=(14, 3.5))
   for r in runs:
-    x = [e["step"] for e in r["evals"]]
-    axes[0].plot(x, [e["eval/accuracy"] for e in r["evals"]], marker="o", label=f"seed {r['seed']}")
+    label = f"seed {r['seed']}"
+    sft = [row for row in r["rows"] if row["stage"] == "sft" and "loss" in row]
+    axes[0].plot([row["step"] for row in sft], [row.get("loss_ema", row["loss"]) for row in sft], label=label)
+    rl_start = r["sft_steps_reserved"]
+    evals = [r["sft"]] + [e for e in r["evals"] if e["stage"] == "rl"]
+    axes[1].plot([0] + [e["step"] - rl_start for e in evals[1:]], [e["eval/accuracy"] for e in evals],
+                 marker="o", label=label)
     rl = [row for row in r["rows"] if row["stage"] == "rl" and "reward" in row]
-    steps = np.array([row["step"] for row in rl])
+    steps = np.array([row["step"] - rl_start for row in rl])
     reward = np.convolve([row["reward"] for row in rl], np.ones(20) / 20, mode="valid")
-    axes[1].plot(steps[19:], reward, label=f"seed {r['seed']}")
-  sft_end = runs[0]["sft"]["step"]
+    axes[2].plot(steps[19:], reward, label=label)
+  stop = runs[0]["stop_at_loss"]
+  if stop:
+    axes[0].axhline(stop, color="gray", ls="--", lw=1)
+  axes[0].set(title="SFT training loss (moving average)", xlabel="SFT step", yscale="log")
+  axes[1].set(title="held-out greedy accuracy", xlabel="RL iteration (0 = SFT checkpoint)")
+  axes[2].set(title="RL training reward (20-step mean)", xlabel="RL iteration")
   for ax in axes:
-    ax.axvline(sft_end, color="gray", ls="--", lw=1)
     ax.grid(alpha=0.3)
-    ax.set_xlabel("global step (SFT | RL)")
-  axes[0].set_title("held-out greedy accuracy")
-  axes[1].set_title("RL training reward (20-step mean)")
-  axes[0].legend()
+  axes[1].legend()
   fig.tight_layout()
   out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accuracy.png")
   fig.savefig(out, dpi=100)

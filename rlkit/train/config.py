@@ -43,6 +43,7 @@ def sft_defaults() -> ml_collections.ConfigDict:
   c.micro_batches = 1           # gradient accumulation slices per step
   c.max_len = 32                # tokens per SFT sequence (prompt + completion), padded
   c.eval_every = 0              # evaluate every N steps (0: only at the end of the stage)
+  c.stop_at_loss = 0.0          # end the stage early once the moving average of the loss is below this (0: off)
   c.optimizer = optimizer_defaults()
   return c
 
@@ -228,5 +229,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if kind == "sft" and section.batch_size % section.micro_batches:
       raise ConfigError(f"{name}.batch_size={section.batch_size} must be a multiple of "
                         f"{name}.micro_batches={section.micro_batches}.")
+    if kind == "sft" and section.stop_at_loss < 0:
+      raise ConfigError(f"{name}.stop_at_loss={section.stop_at_loss} must be >= 0 (0 turns it off).")
   if config.task.name == "jsonl" and not config.data.train_jsonl:
     raise ConfigError("task.name='jsonl' needs data.train_jsonl (and data.test_jsonl for evaluation).")

@@ -121,16 +121,16 @@ def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:
     cfg = config[name]
     stage = STAGES.get(cfg.kind)
     meta = {"stage": name, "stage_index": index, "offset": offsets[index], "seed": config.seed}
-    start = 0
+    start, done = 0, False
     if resume_meta is not None and resume_meta["stage_index"] > index:
       continue                                   # finished before the interruption
     state = stage.init(ctx, cfg, params)
     if resume_meta is not None and resume_meta["stage_index"] == index:
       state, saved = ctx.checkpointer.restore(resume_step, state)
-      start = saved["stage_step"]
-      meta["iterator"] = saved.get("iterator")
+      start, done = saved["stage_step"], saved.get("done", False)
+      meta.update(iterator=saved.get("iterator"), loss_ema=saved.get("loss_ema"))
       resume_meta = None
-    if start < cfg.steps:
+    if start < cfg.steps and not done:
       state = stage.run(ctx, cfg, state, start, meta)
     params = state["train"].params
   return params

@@ -4,7 +4,8 @@ A run is a list of stages; each starts from the previous stage's parameters with
 is a pair of functions: `init(ctx, cfg, params) -> state` (a pytree: what a checkpoint holds) and
 `run(ctx, cfg, state, start_step, meta) -> state`. Checkpoint steps are global (`offset + stage step`), and
 the PRNG key of stage step s is `fold_in(stage key, s)`, so a resumed stage draws exactly what an
-uninterrupted one would.
+uninterrupted one would. A stage may end before `cfg.steps` (SFT's `stop_at_loss`); its last checkpoint then
+says `done`, and global steps of later stages still start at the offset `cfg.steps` reserves.
 
 The RL iteration (methods/llm.md §12):
   prompts --sampler--> G completions each --verifier--> rewards --(DAPO filter/refill)--> advantages
@@ -79,11 +80,22 @@ def _save(ctx: Context, state, global_step: int, meta: dict, force: bool) -> Non
     ctx.checkpointer.save(global_step, state, meta)
 
 
-def _loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: Callable, show: tuple):
-  """Shared stage loop: iterate, log, evaluate and checkpoint by global step; resume from `start`."""
+# Smoothing of the training loss that `stop_at_loss` compares: ~20 steps, enough to average out minibatch
+# noise without lagging far behind a loss that is falling fast.
+LOSS_EMA_DECAY = 0.95
+
+
+def _loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: Callable, show: tuple,
+          stop_at_loss: float = 0.0):
+  """Shared stage loop: iterate, log, evaluate and checkpoint by global step; resume from `start`.
+
+  With `stop_at_loss > 0` the stage ends once the moving average of its training loss falls below it. The
+  average is part of the checkpoint metadata, so a resumed stage stops at exactly the same step.
+  """
   name, index, offset = meta["stage"], meta["stage_index"], meta["offset"]
   if start > 0 and meta.get("iterator") is not None:
     iterator.set_state(meta["iterator"])
+  loss_ema = meta.get("loss_ema")
   ctx.logger.start_stage(name, cfg.steps, start)
   stage_key = _stage_key(ctx, index)
   for step in range(start, cfg.steps):
@@ -92,16 +104,22 @@ def _loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration:
     metrics["step_s"] = time.perf_counter() - t0
     if "tokens" in metrics:
       metrics["tokens_per_s"] = metrics.pop("tokens") / max(metrics["step_s"], 1e-9)
+    if stop_at_loss:
+      loss = float(metrics["loss"])
+      loss_ema = loss if loss_ema is None else LOSS_EMA_DECAY * loss_ema + (1 - LOSS_EMA_DECAY) * loss
+      metrics["loss_ema"] = loss_ema
     gstep = offset + step + 1
     ctx.logger.log(gstep, name, metrics, show=show)
     ctx.logger.advance()
-    last = step + 1 == cfg.steps
+    last = step + 1 == cfg.steps or (stop_at_loss > 0 and loss_ema < stop_at_loss)
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last:
       _maybe_eval(ctx, state["train"].params, name, gstep, index)
-    meta_now = dict(meta, stage_step=step + 1, iterator=iterator.get_state())
+    meta_now = dict(meta, stage_step=step + 1, iterator=iterator.get_state(), loss_ema=loss_ema, done=last)
     if last:
       _maybe_eval(ctx, state["train"].params, name, gstep, index)
     _save(ctx, state, gstep, meta_now, force=last)
+    if last:
+      break
   ctx.logger.close_bar()
   return state
 
@@ -123,7 +141,7 @@ def _sft_run(ctx: Context, cfg, state, start: int, meta: dict):
     train, m = step_fn(state["train"], ctx.put_batch(_numeric(batch)))
     return {"train": train}, dict(jax.device_get(m), tokens=int(np.sum(batch["attention_mask"])))
 
-  return _loop(ctx, cfg, state, start, meta, it, iteration, ("loss", "token_accuracy"))
+  return _loop(ctx, cfg, state, start, meta, it, iteration, ("loss", "token_accuracy"), cfg.stop_at_loss)
 
 
 STAGES.add("sft", Stage(_sft_init, _sft_run))
