@@ -3,7 +3,7 @@
   python launch.py --config=configs/grpo_arith.py --workdir=/tmp/grpo_arith          # preset cpu
   python launch.py --config=configs/grpo_arith.py:gpu --workdir=/tmp/grpo_arith_gpu   # one H200
 
-Presets: `cpu` (default; 4 to 7 minutes on a 2-core CPU), `gpu` (larger model and batches for one GPU),
+Presets: `cpu` (default; 4 to 6 minutes on a 2-core CPU), `gpu` (larger model and batches for one GPU),
 `test` (seconds; used by the tests). SFT deliberately stops early, once its smoothed training loss falls below
 `sft.stop_at_loss`, so the checkpoint it leaves gets a fraction of held-out problems right and RL has room to
 improve it. A loss threshold rather than a step count, because seeds leave the loss plateau of this task at
