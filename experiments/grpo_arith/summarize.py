@@ -11,9 +11,12 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from rlkit.train.metrics import read_metrics  # noqa: E402
+
 
 def load(workdir):
-  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
   config = json.load(open(os.path.join(workdir, "config.json")))
   evals = [r for r in rows if "eval/accuracy" in r]
   sft = [r for r in evals if r["stage"] == "sft"][-1]

@@ -104,14 +104,16 @@ def _loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration:
     metrics["step_s"] = time.perf_counter() - t0
     if "tokens" in metrics:
       metrics["tokens_per_s"] = metrics.pop("tokens") / max(metrics["step_s"], 1e-9)
+    stop = False
     if stop_at_loss:
       loss = float(metrics["loss"])
       loss_ema = loss if loss_ema is None else LOSS_EMA_DECAY * loss_ema + (1 - LOSS_EMA_DECAY) * loss
       metrics["loss_ema"] = loss_ema
+      stop = loss_ema < stop_at_loss
     gstep = offset + step + 1
     ctx.logger.log(gstep, name, metrics, show=show)
     ctx.logger.advance()
-    last = step + 1 == cfg.steps or (stop_at_loss > 0 and loss_ema < stop_at_loss)
+    last = step + 1 == cfg.steps or stop
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last:
       _maybe_eval(ctx, state["train"].params, name, gstep, index)
     meta_now = dict(meta, stage_step=step + 1, iterator=iterator.get_state(), loss_ema=loss_ema, done=last)
