@@ -4,7 +4,8 @@
 
 The whole config is validated before any work: unknown keys, wrong types and unknown registry names stop the
 run with one message and a non-zero exit, and nothing is written. Then the resolved config is printed and
-saved to DIR/config.json, multi-host JAX is initialised if the environment asks for it, and the stages run.
+saved to DIR/config.json, the CPU is split into `mesh.cpu_devices` devices if set, multi-host JAX is
+initialised if the environment asks for it, and the stages run.
 Rerunning the same command on an existing DIR resumes from its newest checkpoint.
 """
 import json
@@ -32,7 +33,8 @@ def main(argv):
   except ConfigError as e:
     print(f"Config error: {e}", file=sys.stderr)
     sys.exit(2)
-  from rlkit.parallel.mesh import maybe_initialize_distributed
+  from rlkit.parallel.mesh import maybe_initialize_distributed, set_cpu_devices
+  set_cpu_devices(config.mesh.cpu_devices)
   maybe_initialize_distributed()
   import jax
   resolved = config.to_json_best_effort(indent=2, sort_keys=True)

@@ -4,10 +4,15 @@ For each size (S, M) prints one JSON line with tokens/s of both sides (f32, and 
 `speedup_vs_peer`, the decode MFU of the M model against the matmul peak measured in this same process,
 and decode tokens/s at prompt 16 vs prompt 512 (their ratio shows the per-token cost stays flat).
 
-  python benchmarks/sampler.py [--sizes S,M] [--reps 3]
+  python benchmarks/sampler.py [--sizes S,M] [--reps 3] [--cpu-devices N]
 
 Both sides: batch 64, prompt 16, 64 new tokens, sampling at temperature 1 (no top-k/top-p, no EOS so every
 row generates all 64 tokens), 2 threads. Timings are medians over `--reps` runs after one warm-up.
+
+`--cpu-devices N` (N > 1) runs rlkit's side the way `--config.mesh.cpu_devices=N` runs a job: the CPU is
+split into N XLA devices (`rlkit.parallel.set_cpu_devices`) and the batch is split over a `data` mesh of
+them, with the parameters replicated. The peer is unchanged (one process, 2 intra-op threads). Each JSON
+line records `cpu_devices`.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks._common import SIZES, commit, matmul_peak, median_time  # noqa: E402
 from rlkit.models import hf  # noqa: E402
+from rlkit.parallel import make_mesh, set_cpu_devices, shard_batch, shard_params  # noqa: E402
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params, num_params  # noqa: E402
 from rlkit.rollout.sampler import SamplingConfig, generate  # noqa: E402
 
@@ -48,6 +54,9 @@ def rlkit_side(cfg, params, prompt_len: int, new: int, reps: int, dtype: str):
   rng = np.random.default_rng(0)
   prompt = jnp.asarray(rng.integers(3, cfg.vocab_size, (BATCH, prompt_len)), jnp.int32)
   mask = jnp.ones_like(prompt, bool)
+  if len(jax.devices()) > 1:   # --cpu-devices: batch split over a data mesh, parameters replicated
+    mesh = make_mesh({"data": -1})
+    p, (prompt, mask) = shard_params(p, mesh), shard_batch((prompt, mask), mesh)
   sc = SamplingConfig(max_new_tokens=new, temperature=1.0)
   key = jax.random.key(0)
   return median_time(lambda: generate(model, p, prompt, mask, key, sc).response.block_until_ready(), reps)
@@ -89,8 +98,8 @@ def bench_size(name: str, reps: int, peak_f32: float, peak_bf16: float) -> dict:
   decode_long = BATCH * (NEW - 1) / (t_long - t1_long)
   flops = decode_flops_per_token(cfg, PROMPT + NEW / 2) * decode_short
   return {
-      "benchmark": "sampler", "size": name, "params": num_params(params), "batch": BATCH, "prompt": PROMPT,
-      "new_tokens": NEW, "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "benchmark": "sampler", "size": name, "cpu_devices": len(jax.devices()), "params": num_params(params),
+      "batch": BATCH, "prompt": PROMPT, "new_tokens": NEW, "reps": reps, "commit": commit(), "jax": jax.__version__,
       "tokens_per_s": round(tokens / t_ours, 1), "peer_tokens_per_s": round(tokens / t_peer, 1),
       "speedup_vs_peer": round(t_peer / t_ours, 3),
       "bf16_tokens_per_s": round(tokens / t_ours_bf16, 1), "peer_bf16_tokens_per_s": round(tokens / t_peer_bf16, 1),
@@ -107,7 +116,11 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", default="S,M")
   parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--cpu-devices", type=int, default=1,
+                      help="split the CPU into N XLA devices and rlkit's batch over them (default 1: one device)")
   args = parser.parse_args()
+  if args.cpu_devices > 1:
+    set_cpu_devices(args.cpu_devices)
   peak_f32, peak_bf16 = matmul_peak(jnp.float32), matmul_peak(jnp.bfloat16)
   for name in args.sizes.split(","):
     print(json.dumps(bench_size(name, args.reps, peak_f32, peak_bf16)), flush=True)

@@ -90,13 +90,37 @@ def make_mesh(shape: MeshShape, devices: Optional[Sequence[Any]] = None) -> Mesh
 
 
 def mesh_from_config(cfg: Any, devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """Mesh from a config section such as `{data: -1, fsdp: 1, tensor: 1}` (ConfigDict or dict)."""
+  """Mesh from a config section such as `{data: -1, fsdp: 1, tensor: 1}` (ConfigDict or dict).
+
+  The section's `cpu_devices` entry, if any, is not an axis: `launch.py` applies it with `set_cpu_devices`
+  before JAX starts.
+  """
   if hasattr(cfg, "to_dict"):
     cfg = cfg.to_dict()
   if not isinstance(cfg, Mapping):
     raise TypeError(f"mesh config must be a dict or ConfigDict like {{'data': -1, 'fsdp': 1, 'tensor': 1}}, "
                     f"got {type(cfg).__name__}.")
-  return make_mesh(dict(cfg), devices)
+  return make_mesh({k: v for k, v in cfg.items() if k != "cpu_devices"}, devices)
+
+
+def set_cpu_devices(n: int) -> None:
+  """Expose this host's CPU as `n` XLA devices (0 keeps JAX's default: one device, or XLA_FLAGS' count).
+
+  Why: one XLA:CPU device runs every op of a small model across all cores and pays a thread hand-off per
+  op. With one device per core and the batch split over the `data` axis, each core runs its half of the
+  batch on its own. On the 2-core benchmark machine this made the S sampler about 1.8x faster and the M
+  sampler about 10% faster; the M train step did not change (`benchmarks/README.md`).
+  Only the CPU backend is affected. Must run before JAX starts its backends (any array, `jax.devices()`).
+  """
+  if n < 0:
+    raise ValueError(f"cpu_devices={n} must be >= 0 (0 keeps JAX's default).")
+  if n == 0:
+    return
+  try:
+    jax.config.update("jax_num_cpu_devices", n)
+  except RuntimeError as e:
+    raise RuntimeError(f"cpu_devices={n} must be set before JAX starts its backends (before any array or "
+                       f"jax.devices() call); call set_cpu_devices first thing, as launch.py does.") from e
 
 
 def mesh_axis_size(mesh: Mesh, axes: Union[None, str, Sequence[str]]) -> int:

@@ -106,6 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.data = -1              # data-parallel axis (-1: all remaining devices)
   c.mesh.fsdp = 1               # parameter-sharding axis
   c.mesh.tensor = 1             # tensor-parallel axis
+  c.mesh.cpu_devices = 0        # CPU only: split the host into N XLA devices, e.g. one per core (0: JAX default)
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 256     # held-out prompts per evaluation
   c.eval.batch_size = 256       # prompts per sampler call
@@ -201,6 +202,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for dt_key in ("param_dtype", "dtype"):
     if config.model[dt_key] not in ("float32", "bfloat16"):
       raise ConfigError(f"model.{dt_key}={config.model[dt_key]!r}; choose float32 or bfloat16.")
+  if config.mesh.cpu_devices < 0:
+    raise ConfigError(f"mesh.cpu_devices={config.mesh.cpu_devices} must be >= 0 (0 keeps JAX's default).")
   for name in stages:
     if name not in config:
       raise ConfigError(f"config.stages names {name!r} but there is no config.{name} section.")

@@ -1,11 +1,16 @@
 """Tests for rlkit.parallel.mesh: mesh shapes, config sections, and multi-host environment detection."""
+import os
+import subprocess
+import sys
+
 import jax
 import ml_collections
 import pytest
 from jax.sharding import AxisType
 
 from rlkit.parallel import mesh as mesh_lib
-from rlkit.parallel import detect_cluster, make_mesh, maybe_initialize_distributed, mesh_from_config
+from rlkit.parallel import (detect_cluster, make_mesh, maybe_initialize_distributed, mesh_from_config,
+                            set_cpu_devices)
 
 
 @pytest.mark.parametrize("shape, expected", [
@@ -51,6 +56,29 @@ def test_mesh_from_config_dict_and_configdict():
   assert tuple(mesh_from_config({"data": 1, "fsdp": -1, "tensor": 1}).shape.values()) == (1, 8, 1)
   with pytest.raises(TypeError, match="mesh config"):
     mesh_from_config((8, 1, 1))
+
+
+def test_mesh_from_config_ignores_cpu_devices():
+  assert tuple(mesh_from_config({"data": -1, "fsdp": 1, "tensor": 1, "cpu_devices": 2}).shape.values()) == (8, 1, 1)
+
+
+def test_set_cpu_devices_splits_the_host_before_jax_starts():
+  # A fresh interpreter: this one's backends are already up (with the 8 simulated devices of conftest.py).
+  code = ("import jax; from rlkit.parallel.mesh import set_cpu_devices; set_cpu_devices(3); "
+          "print(len(jax.devices('cpu')))")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  assert out.stdout.strip() == "3"
+
+
+def test_set_cpu_devices_after_jax_started_errors_clearly():
+  jax.devices()
+  with pytest.raises(RuntimeError, match="before JAX starts its backends"):
+    set_cpu_devices(2)
+  with pytest.raises(ValueError, match="must be >= 0"):
+    set_cpu_devices(-1)
+  set_cpu_devices(0)   # the default: nothing to do, fine at any time
 
 
 _SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}

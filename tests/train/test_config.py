@@ -54,6 +54,7 @@ def _config():
     (lambda c: c.rl.__setitem__("minibatches", 3), "minibatches"),
     (lambda c: c.wandb.__setitem__("mode", "cloud"), "wandb.mode"),
     (lambda c: c.sft.__setitem__("stop_at_loss", -0.5), "sft.stop_at_loss=-0.5 must be >= 0"),
+    (lambda c: c.mesh.__setitem__("cpu_devices", -2), "mesh.cpu_devices=-2 must be >= 0"),
 ])
 def test_invalid_configs_fail_with_the_key_named(mutate, needle):
   c = _config()
