@@ -4,10 +4,11 @@ For each size (S, M) prints one JSON line with tokens/s of both sides (f32, and 
 `speedup_vs_peer`, the decode MFU of the M model against the matmul peak measured in this same process,
 and decode tokens/s at prompt 16 vs prompt 512 (their ratio shows the per-token cost stays flat).
 
-  python benchmarks/sampler.py [--sizes S,M] [--reps 3] [--cpu-devices N]
+  python benchmarks/sampler.py [--sizes S,M] [--reps N] [--cpu-devices N]
 
 Both sides: batch 64, prompt 16, 64 new tokens, sampling at temperature 1 (no top-k/top-p, no EOS so every
-row generates all 64 tokens), 2 threads. Timings are medians over `--reps` runs after one warm-up.
+row generates all 64 tokens), 2 threads. Timings are medians over `--reps` runs after one warm-up (default
+10 for S, whose runs take tens of milliseconds and are the most exposed to noise, 3 for M).
 
 `--cpu-devices N` (N > 1) runs rlkit's side the way `--config.mesh.cpu_devices=N` runs a job: the CPU is
 split into N XLA devices (`rlkit.parallel.set_cpu_devices`) and the batch is split over a `data` mesh of
@@ -115,7 +116,7 @@ def bench_size(name: str, reps: int, peak_f32: float, peak_bf16: float) -> dict:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", default="S,M")
-  parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--reps", type=int, default=None, help="timed runs per measurement (default S 10, M 3)")
   parser.add_argument("--cpu-devices", type=int, default=1,
                       help="split the CPU into N XLA devices and rlkit's batch over them (default 1: one device)")
   args = parser.parse_args()
@@ -123,7 +124,8 @@ def main():
     set_cpu_devices(args.cpu_devices)
   peak_f32, peak_bf16 = matmul_peak(jnp.float32), matmul_peak(jnp.bfloat16)
   for name in args.sizes.split(","):
-    print(json.dumps(bench_size(name, args.reps, peak_f32, peak_bf16)), flush=True)
+    reps = args.reps or {"S": 10}.get(name, 3)
+    print(json.dumps(bench_size(name, reps, peak_f32, peak_bf16)), flush=True)
 
 
 if __name__ == "__main__":
