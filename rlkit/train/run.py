@@ -84,6 +84,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   key = jax.random.key(config.seed)
   mesh = mesh_from_config(config.mesh)
+  if jax.process_index() == 0:
+    print(f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)", flush=True)
   tokenizer = build_tokenizer(config)
   task = build_task(config)
   sources = build_data(config, workdir)

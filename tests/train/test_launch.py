@@ -34,6 +34,7 @@ def _run(workdir, *overrides, timeout=300):
     ("--config.sft.optimizer.name=adamw2", "optimizer"),
     ("--config.rl.lrr=0.1", "lrr"),
     ("--config.rl.steps=abc", "steps"),
+    ("--config.mesh.cpu_devices=-1", "mesh.cpu_devices=-1 must be >= 0"),
 ])
 def test_config_error_is_clear_and_writes_nothing(tmp_path, override, needle):
   workdir = tmp_path / "run"
@@ -41,6 +42,14 @@ def test_config_error_is_clear_and_writes_nothing(tmp_path, override, needle):
   assert code != 0
   assert needle.lower() in (out + err).lower(), err[-2000:]
   assert not workdir.exists()
+
+
+def test_cpu_devices_split_the_host_and_the_batch(tmp_path):
+  code, out, err = _run(str(tmp_path / "run"), "--config.mesh.cpu_devices=2")
+  assert code == 0, err[-3000:]
+  assert "mesh {'data': 2, 'fsdp': 1, 'tensor': 1} over 2 cpu device(s)" in out
+  rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+  assert any(r["stage"] == "rl" and "eval/accuracy" in r for r in rows)
 
 
 # RL runs longer than the preset so the kill lands mid-stage with several steps left.
