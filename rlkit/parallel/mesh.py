@@ -108,8 +108,8 @@ def set_cpu_devices(n: int) -> None:
 
   Why: one XLA:CPU device runs every op of a small model across all cores and pays a thread hand-off per
   op. With one device per core and the batch split over the `data` axis, each core runs its half of the
-  batch on its own. On the 2-core benchmark machine this made the S sampler about 1.8x faster and the M
-  sampler about 10% faster; the M train step did not change (`benchmarks/README.md`).
+  batch on its own. On the 2-core benchmark machine this made the S sampler about 1.8x faster; the M
+  sampler gained 0-10% in A/B runs and the M train step did not change (`benchmarks/README.md`).
   Only the CPU backend is affected. Must run before JAX starts its backends (any array, `jax.devices()`).
   """
   if n < 0:
