@@ -17,6 +17,11 @@ import numpy as np
 TIMING_KEYS = ("time", "tokens_per_s", "sample_s", "update_s", "step_s", "gen_tokens_per_s")
 
 
+def without_timings(rows: list[dict]) -> list[dict]:
+  """Metric rows minus their wall-clock fields: what two runs of the same config must agree on exactly."""
+  return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
 def _jsonable(v: Any) -> Any:
   if isinstance(v, (np.generic, np.ndarray)) or hasattr(v, "__array__"):
     v = np.asarray(v)

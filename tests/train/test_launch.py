@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rlkit.train.checkpoint import Checkpointer
-from rlkit.train.metrics import TIMING_KEYS, read_metrics
+from rlkit.train.metrics import read_metrics, without_timings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEST_CONFIG = os.path.join(ROOT, "configs", "grpo_arith.py") + ":test"
@@ -56,10 +56,6 @@ def test_cpu_devices_split_the_host_and_the_batch(tmp_path):
 RESUME = ("--config.rl.steps=8", "--config.checkpoint.every=2")
 
 
-def _comparable(rows):
-  return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
-
-
 def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path):
   ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
   code, _, err = _run(str(ref_dir), *RESUME)
@@ -84,7 +80,7 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path):
   code, _, err = _run(str(cut_dir), *RESUME)
   assert code == 0, err[-3000:]
   resumed = read_metrics(str(cut_dir / "metrics.jsonl"))
-  assert _comparable(resumed) == _comparable(reference)
+  assert without_timings(resumed) == without_timings(reference)
 
 
 def test_half_written_checkpoint_never_replaces_the_good_one(tmp_path):
