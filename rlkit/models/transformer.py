@@ -13,7 +13,8 @@ Layout choices (why): the q/k/v projections are one kernel `[D, KV, G+2, hd]` (f
 heads, then k, then v) and the SwiGLU gate/up are one kernel `[D, 2, F]`, so each is a single matmul per
 step (decode on CPU is dominated by per-op overhead and small matmuls), and tensor parallelism shards the
 KV-head / F axes without splitting a head. Matmuls take `preferred_element_type=float32`, which is what makes
-bf16 fast on CPUs with AMX and accurate everywhere.
+bf16 fast on CPUs with AMX and accurate everywhere. The weight matmuls (`rlkit.models.matmul`) and `swiglu`
+have hand-written backward passes that save XLA:CPU full-size copies in the train step.
 
 Positions are explicit: with left-padded prompts, `positions = cumsum(mask) - 1`, so padded and unpadded
 prompts give the same logits on real tokens. `Transformer.__call__(tokens)` returns logits `[B, T, V]`;
@@ -30,6 +31,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from rlkit.models.matmul import weight_matmul
 from rlkit.parallel.rules import constrain_batch
 
 Array = jax.Array
@@ -131,8 +133,7 @@ def positions_from_mask(mask: Array) -> Array:
 
 def _dot(eq: str, x: Array, w: Array, dtype) -> Array:
   """Matmul in the compute dtype with float32 accumulation, result in the compute dtype."""
-  out = jnp.einsum(eq, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
-  return out.astype(dtype)
+  return weight_matmul(eq, x.astype(dtype), w.astype(dtype)).astype(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -227,6 +228,32 @@ class Attention(nn.Module):
     return _dot("bktgh,kghd->btd", out, w_o, dt), new_kv
 
 
+@jax.custom_vjp
+def swiglu(gu: Array) -> Array:
+  """silu(gate) * up of the fused gate/up activations `[..., 2, F]` -> `[..., F]`.
+
+  The backward pass writes the `[..., 2, F]` gradient in one pass. Differentiating the two slices instead
+  pads each slice's gradient to `[..., 2, F]` and adds them: two extra full-size writes per layer.
+  """
+  return jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :]
+
+
+def _swiglu_fwd(gu):
+  return swiglu(gu), gu
+
+
+def _swiglu_bwd(gu, dh):
+  g, u = gu[..., 0, :].astype(jnp.float32), gu[..., 1, :].astype(jnp.float32)
+  dh = dh.astype(jnp.float32)
+  sig = jax.nn.sigmoid(g)
+  dg = dh * u * sig * (1.0 + g * (1.0 - sig))      # d silu(g) / dg = sig(g) (1 + g (1 - sig(g)))
+  du = dh * g * sig
+  return (jnp.stack([dg, du], axis=-2).astype(gu.dtype),)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class MLP(nn.Module):
   cfg: TransformerConfig
 
@@ -236,8 +263,7 @@ class MLP(nn.Module):
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     w_gu = self.param("gate_up", _init, (cfg.hidden_size, 2, cfg.intermediate_size), pdt)
     w_down = self.param("down", _init, (cfg.intermediate_size, cfg.hidden_size), pdt)
-    gu = _dot("btd,dcf->btcf", x, w_gu, dt)
-    h = jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]
+    h = swiglu(_dot("btd,dcf->btcf", x, w_gu, dt))
     return _dot("btf,fd->btd", h, w_down, dt)
 
 
@@ -386,9 +412,11 @@ class Transformer(nn.Module):
       raise ValueError(f"logits={logits!r}; use 'all', 'last' or 'none'.")
     out_logits = None
     if logits != "none":
-      w = self.embedding.T if cfg.tie_word_embeddings else self.lm_head
-      hl = h[:, -1:] if logits == "last" else h
-      out_logits = jnp.einsum("btd,dv->btv", hl, w.astype(dt), preferred_element_type=jnp.float32)
+      hl = (h[:, -1:] if logits == "last" else h).astype(dt)
+      if cfg.tie_word_embeddings:
+        out_logits = weight_matmul("btd,vd->btv", hl, self.embedding.astype(dt))
+      else:
+        out_logits = weight_matmul("btd,dv->btv", hl, self.lm_head.astype(dt))
     new_cache = None
     if cache is not None:
       new_cache = KVCache(tuple(new_k), tuple(new_v), key_mask, index + t)
