@@ -20,6 +20,7 @@ from rlkit.objectives.entropy import mean_token_entropy
 from rlkit.objectives.entropy import token_entropy
 from rlkit.objectives.kl import KL_ESTIMATORS
 from rlkit.objectives.kl import kl_penalty
+from rlkit.objectives.logprobs import token_logprobs
 from rlkit.objectives.policy_losses import POLICY_LOSSES
 from rlkit.objectives.policy_losses import gspo_loss
 from rlkit.objectives.policy_losses import gspo_token_loss

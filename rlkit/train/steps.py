@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from rlkit.models.transformer import Transformer
-from rlkit.objectives import POLICY_LOSSES, aggregate, kl_penalty, loss_normalizers, token_entropy
+from rlkit.objectives import POLICY_LOSSES, aggregate, kl_penalty, loss_normalizers, token_entropy, token_logprobs
 from rlkit.optim.optimizers import current_lr
 
 Array = jax.Array
@@ -85,10 +85,15 @@ def make_sft_step(model: Transformer, tx: optax.GradientTransformation, micro_ba
 
   def loss_fn(params, mb, num_tokens):
     logits = model.apply({"params": params}, mb["tokens"], attention_mask=mb["attention_mask"])
-    targets, mask = mb["tokens"][:, 1:], mb["loss_mask"][:, 1:]
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    correct = (jnp.argmax(logits[:, :-1], -1) == targets) & mask
+    # Position t predicts token t+1. Scoring every position against the tokens shifted left (the last
+    # position's target is masked out) avoids slicing the [B, T, V] logits, a full copy in each direction.
+    targets = jnp.roll(mb["tokens"], -1, axis=1)
+    mask = jnp.pad(mb["loss_mask"][:, 1:], ((0, 0), (0, 1)))
+    nll = -token_logprobs(logits, targets)
+    # Correct when the target's logit is the row maximum (argmax up to exact ties): one max, which the
+    # logsumexp also computes, instead of a variadic argmax reduction over the vocabulary.
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    correct = (target_logit >= jnp.max(logits, axis=-1)) & mask
     loss = jnp.sum(jnp.where(mask, nll, 0.0)) / num_tokens
     return loss, {"token_accuracy": jnp.sum(correct) / num_tokens}
 
@@ -131,17 +136,12 @@ def response_logits(model: Transformer, params: Any, batch: dict, replay_routing
   return out.logits[:, p - 1:p + r - 1]
 
 
-def tempered_logprobs(logits: Array, tokens: Array, temperature: float) -> Array:
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-  return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
-
-
 def make_score_fn(model: Transformer, temperature: float, replay_routing: bool = False):
   """Jitted `score(params, batch) -> logp [N, R]` of the response tokens (0 off the response mask)."""
 
   @jax.jit
   def score(params, batch):
-    logp = tempered_logprobs(response_logits(model, params, batch, replay_routing), batch["response"],
+    logp = token_logprobs(response_logits(model, params, batch, replay_routing), batch["response"],
                              temperature)
     return jnp.where(batch["response_mask"], logp, 0.0)
   return score
@@ -151,7 +151,7 @@ def rl_loss(model: Transformer, cfg: RLLossConfig, params: Any, mb: dict, norms:
   """Scalar loss of one micro-batch, normalised by the full batch's `norms`, and summable metrics."""
   mask = mb["response_mask"]
   logits = response_logits(model, params, mb, cfg.replay_routing)
-  logp = tempered_logprobs(logits, mb["response"], cfg.temperature)
+  logp = token_logprobs(logits, mb["response"], cfg.temperature)
   per_tok, m = POLICY_LOSSES.get(cfg.policy_loss)(
       logp, mb["old_logp"], mb["advantages"], mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
       **({"dual_clip": cfg.dual_clip} if cfg.dual_clip else {}))
