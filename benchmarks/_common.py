@@ -43,6 +43,24 @@ def median_time(fn: Callable[[], object], reps: int) -> float:
   return statistics.median(times)
 
 
+def interleaved_median_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+  """Median wall seconds of each `fn()` over `reps` rounds, the sides taking turns within each round.
+
+  Each round runs every function twice in a row and times the second call, rotating the order between
+  rounds. Taking turns makes all sides see the same spells of a noisy machine (on the shared 2-core CPU
+  the same step varies by 30% from minute to minute). The untimed first call absorbs the switch: a JAX
+  train step timed right after a PyTorch step ran 10-75% slower than in a run of its own.
+  """
+  names, times = list(fns), {name: [] for name in fns}
+  for r in range(reps):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      fns[name]()
+      t0 = time.perf_counter()
+      fns[name]()
+      times[name].append(time.perf_counter() - t0)
+  return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def matmul_peak(dtype, n: int = 2048, reps: int = 5) -> float:
   """FLOP/s of a large jitted matmul in this process (bf16 inputs accumulate in f32)."""
   a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)

@@ -20,9 +20,11 @@ Prints two JSON lines:
     `torch.autocast("cpu", torch.bfloat16)`). `update_speedup_vs_torch` = torch step time / ours.
     The first (warm-up) step's loss of each side is reported: same weights and tokens give the same loss.
 
-  python benchmarks/rl_step.py [--reps 10] [--update-reps 3] [--quick]
+  python benchmarks/rl_step.py [--reps 10] [--update-reps 5] [--quick]
 
-Timings are medians over the reps after one warm-up. `--quick` (a smoke test): 3 iteration reps, 1 update
+Timings are medians over the reps after one warm-up. In (b) the four steps (ours and torch, f32 and bf16)
+take turns, two steps each per round with the second one timed (`_common.interleaved_median_times`), so
+all four see the same spells of a noisy machine. `--quick` (a smoke test): 3 iteration reps, 1 update
 rep, and batch 2 x 128 in (b).
 """
 from __future__ import annotations
@@ -35,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +49,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from absl import logging  # noqa: E402
 
-from benchmarks._common import SIZES, commit, median_time  # noqa: E402
+from benchmarks._common import SIZES, commit, interleaved_median_times  # noqa: E402
 from rlkit.data.pipeline import make_iterator  # noqa: E402
 from rlkit.models import hf  # noqa: E402
 from rlkit.models.transformer import Transformer, init_params, num_params  # noqa: E402
@@ -144,24 +147,25 @@ def bench_iteration(reps: int) -> dict:
 
 # --------------------------------------------------------------------------- (b) update vs a PyTorch step
 
-def ours_update(cfg, params, tokens: np.ndarray, reps: int) -> tuple[float, float]:
-  """(median step seconds, warm-up loss) of make_sft_step with optax.adamw."""
+def ours_update(cfg, params, tokens: np.ndarray) -> tuple[Callable[[], None], list]:
+  """One step of make_sft_step with optax.adamw, and the list its losses go to."""
   tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
   step = make_sft_step(Transformer(cfg), tx)
   t = jnp.asarray(tokens, jnp.int32)
   ones = jnp.ones(t.shape, bool)
   batch = {"tokens": t, "attention_mask": ones, "loss_mask": ones}
-  box = {"state": init_train_state(jax.tree.map(jnp.copy, params), tx), "losses": []}   # the step donates
+  box = {"state": init_train_state(jax.tree.map(jnp.copy, params), tx)}   # the step donates
+  losses = []
 
   def run():
     box["state"], metrics = step(box["state"], batch)
-    box["losses"].append(float(metrics["loss"]))   # also waits for the step
+    losses.append(float(metrics["loss"]))   # also waits for the step
     jax.block_until_ready(box["state"])
-  return median_time(run, reps), box["losses"][0]
+  return run, losses
 
 
-def torch_update(folder: str, tokens: np.ndarray, reps: int, bf16: bool) -> tuple[float, float]:
-  """(median step seconds, warm-up loss) of eager Qwen3ForCausalLM fwd + bwd + fused AdamW, f32 weights."""
+def torch_update(folder: str, tokens: np.ndarray, bf16: bool) -> tuple[Callable[[], None], list]:
+  """One eager Qwen3ForCausalLM fwd + bwd + fused AdamW step (f32 weights), and the list of its losses."""
   import contextlib
 
   import torch
@@ -180,7 +184,7 @@ def torch_update(folder: str, tokens: np.ndarray, reps: int, bf16: bool) -> tupl
     opt.step()
     opt.zero_grad(set_to_none=True)
     losses.append(loss.detach().item())
-  return median_time(run, reps), losses[0]
+  return run, losses
 
 
 def bench_update(reps: int, batch: int, seq: int) -> dict:
@@ -190,10 +194,13 @@ def bench_update(reps: int, batch: int, seq: int) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     folder = os.path.join(tmp, "model")
     hf.save(folder, cfg, params, model_type="qwen3")
-    t_peer, loss_peer = torch_update(folder, tokens, reps, bf16=False)
-    t_peer_bf16, loss_peer_bf16 = torch_update(folder, tokens, reps, bf16=True)
-  t_ours, loss_ours = ours_update(cfg, params, tokens, reps)
-  t_ours_bf16, loss_ours_bf16 = ours_update(cfg.replace(dtype="bfloat16"), params, tokens, reps)
+    sides = {"peer": torch_update(folder, tokens, bf16=False), "peer_bf16": torch_update(folder, tokens, bf16=True)}
+  sides["ours"] = ours_update(cfg, params, tokens)
+  sides["ours_bf16"] = ours_update(cfg.replace(dtype="bfloat16"), params, tokens)
+  times = interleaved_median_times({name: run for name, (run, _) in sides.items()}, reps)
+  t_peer, t_peer_bf16, t_ours, t_ours_bf16 = (times[k] for k in ("peer", "peer_bf16", "ours", "ours_bf16"))
+  loss_peer, loss_peer_bf16, loss_ours, loss_ours_bf16 = (sides[k][1][0] for k in ("peer", "peer_bf16", "ours",
+                                                                                     "ours_bf16"))
   n = batch * seq
   return {
       "benchmark": "rl_step", "part": "update_vs_torch", "size": "M", "params": num_params(params),
@@ -211,7 +218,7 @@ def bench_update(reps: int, batch: int, seq: int) -> dict:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=10, help="RL iterations timed in (a)")
-  parser.add_argument("--update-reps", type=int, default=3, help="update steps timed per side in (b)")
+  parser.add_argument("--update-reps", type=int, default=5, help="rounds in (b): steps timed per side")
   parser.add_argument("--quick", action="store_true", help="smoke test: 3 / 1 reps, batch 2 x 128 in (b)")
   args = parser.parse_args()
   logging.set_verbosity(logging.ERROR)   # tfds announces the dataset it prepares
