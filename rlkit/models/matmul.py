@@ -57,15 +57,19 @@ def _bwd(eq, res, dy):
   dx = _einsum(f"{ys},{ws}->{xs}", dy, w)
   # The weight gradient as one 2-D matmul [in, tokens] @ [tokens, out], with the smaller of x and dy
   # transposed explicitly. The barrier keeps XLA from folding the transpose back into the dot, where its
-  # layout assignment would pick the operand to copy itself (and picked the larger one).
+  # layout assignment would pick the operand to copy itself (and picked the larger one). Taking dx through
+  # the same barrier also orders the weight-gradient matmul after the input-gradient one: XLA:CPU's runtime
+  # otherwise runs the two concurrently, each on part of the cores (ordered: M step 1.06x-1.08x faster).
   tok = "".join(c for c in xs if c in ys)
   x_in, y_out = "".join(c for c in xs if c in ws), "".join(c for c in ys if c in ws)
   x2 = jnp.einsum(f"{xs}->{tok}{x_in}", x).reshape(-1, math.prod(x.shape[xs.index(c)] for c in x_in))
   y2 = jnp.einsum(f"{ys}->{tok}{y_out}", dy).reshape(x2.shape[0], -1)
   if x2.size <= y2.size:
-    d2 = jnp.matmul(jax.lax.optimization_barrier(x2.T), y2, preferred_element_type=jnp.float32)
+    dx, x2t, y2 = jax.lax.optimization_barrier((dx, x2.T, y2))
+    d2 = jnp.matmul(x2t, y2, preferred_element_type=jnp.float32)
   else:
-    d2 = jnp.matmul(jax.lax.optimization_barrier(y2.T), x2, preferred_element_type=jnp.float32).T
+    dx, y2t, x2 = jax.lax.optimization_barrier((dx, y2.T, x2))
+    d2 = jnp.matmul(y2t, x2, preferred_element_type=jnp.float32).T
   dw = jnp.einsum(f"{x_in}{y_out}->{ws}", d2.reshape([w.shape[ws.index(c)] for c in x_in + y_out]))
   return dx.astype(x.dtype), dw.astype(w.dtype)
 
