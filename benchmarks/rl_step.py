@@ -194,13 +194,14 @@ def bench_update(reps: int, batch: int, seq: int) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     folder = os.path.join(tmp, "model")
     hf.save(folder, cfg, params, model_type="qwen3")
-    sides = {"peer": torch_update(folder, tokens, bf16=False), "peer_bf16": torch_update(folder, tokens, bf16=True)}
+    sides = {"peer": torch_update(folder, tokens, bf16=False),
+             "peer_bf16": torch_update(folder, tokens, bf16=True)}
   sides["ours"] = ours_update(cfg, params, tokens)
   sides["ours_bf16"] = ours_update(cfg.replace(dtype="bfloat16"), params, tokens)
   times = interleaved_median_times({name: run for name, (run, _) in sides.items()}, reps)
   t_peer, t_peer_bf16, t_ours, t_ours_bf16 = (times[k] for k in ("peer", "peer_bf16", "ours", "ours_bf16"))
-  loss_peer, loss_peer_bf16, loss_ours, loss_ours_bf16 = (sides[k][1][0] for k in ("peer", "peer_bf16", "ours",
-                                                                                     "ours_bf16"))
+  loss_peer, loss_peer_bf16, loss_ours, loss_ours_bf16 = (sides[k][1][0]   # each side's warm-up loss
+                                                          for k in ("peer", "peer_bf16", "ours", "ours_bf16"))
   n = batch * seq
   return {
       "benchmark": "rl_step", "part": "update_vs_torch", "size": "M", "params": num_params(params),

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import optax
 
 from rlkit.models.transformer import Transformer
-from rlkit.objectives import POLICY_LOSSES, aggregate, kl_penalty, loss_normalizers, token_entropy, token_logprobs
+from rlkit.objectives import (POLICY_LOSSES, aggregate, kl_penalty, loss_normalizers, token_entropy,
+                              token_logprobs)
 from rlkit.optim.optimizers import current_lr
 
 Array = jax.Array

@@ -64,7 +64,8 @@ def test_model_gradients_equal_plain_einsum_model(tied, monkeypatch):
                           num_kv_heads=2, head_dim=4, tie_word_embeddings=tied)
   params = init_params(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, cfg.vocab_size)
-  loss = lambda p: jnp.mean(jax.nn.log_softmax(Transformer(cfg).apply({"params": p}, tokens)) ** 2)  # noqa: E731
+  def loss(p):
+    return jnp.mean(jax.nn.log_softmax(Transformer(cfg).apply({"params": p}, tokens)) ** 2)
   ours = jax.grad(loss)(params)
   monkeypatch.setattr(transformer, "weight_matmul", _plain)
   monkeypatch.setattr(transformer, "swiglu", lambda gu: jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :])

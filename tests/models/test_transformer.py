@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlkit.models.transformer import (KVCache, Transformer, TransformerConfig, init_cache, init_params,
+from rlkit.models.transformer import (Transformer, TransformerConfig, init_cache, init_params,
                                       positions_from_mask, route)
 
 DENSE = TransformerConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,

@@ -1,5 +1,4 @@
 """launch.py end to end: config errors write nothing; a SIGKILLed run resumes to identical metrics."""
-import json
 import os
 import signal
 import subprocess
