@@ -14,7 +14,8 @@ import jax.numpy as jnp
 
 from rlkit.core.types import Rollout
 from rlkit.models.transformer import ModelOutput, Transformer
-from rlkit.rollout.sampler import SamplingConfig, processed_logprobs
+from rlkit.objectives import token_logprobs
+from rlkit.rollout.sampler import SamplingConfig, processed_logits
 
 Array = jax.Array
 
@@ -29,15 +30,10 @@ def response_forward(model: Transformer, params: Any, rollout: Rollout,
   return out.logits[:, p - 1:p + r - 1], out
 
 
-def token_logprobs(logits: Array, tokens: Array, cfg: Optional[SamplingConfig] = None) -> Array:
-  """log p(tokens) under `logits` [N, R, V] processed as the sampler would (plain softmax if cfg is None)."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1) if cfg is None else processed_logprobs(logits, cfg)
-  return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
-
-
 def response_logprobs(model: Transformer, params: Any, rollout: Rollout,
                       cfg: Optional[SamplingConfig] = None, replay_routing: bool = False) -> Array:
-  """[N, R] log-probs of the response tokens, zero outside `response_mask`."""
+  """[N, R] log-probs of the response tokens, zero outside `response_mask`, under the logits processed as
+  the sampler would (temperature, top-k, top-p; plain softmax if cfg is None)."""
   logits, _ = response_forward(model, params, rollout, replay_routing)
-  logp = token_logprobs(logits, rollout.response, cfg)
+  logp = token_logprobs(logits if cfg is None else processed_logits(logits, cfg), rollout.response)
   return jnp.where(rollout.response_mask, logp, 0.0)
