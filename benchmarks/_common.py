@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmark scripts: the model sizes, the commit, median timing and the matmul peak.
+"""Shared pieces of the benchmark scripts: the model sizes, the commit, interleaved median timing and the
+matmul peak.
 
 Not a benchmark itself; imported by `benchmarks/sampler.py`, `benchmarks/forward.py` and
 `benchmarks/rl_step.py` (each script puts the repository root on `sys.path` first).
@@ -32,17 +33,6 @@ def commit() -> str:
     return "unknown"
 
 
-def median_time(fn: Callable[[], object], reps: int) -> float:
-  """Median wall seconds of `fn()` over `reps` calls after one warm-up call (compilation)."""
-  fn()
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
 def interleaved_median_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
   """Median wall seconds of each `fn()` over `reps` rounds, the sides taking turns within each round.
 
@@ -61,8 +51,9 @@ def interleaved_median_times(fns: dict[str, Callable[[], object]], reps: int) ->
   return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def matmul_peak(dtype, n: int = 2048, reps: int = 5) -> float:
-  """FLOP/s of a large jitted matmul in this process (bf16 inputs accumulate in f32)."""
+def matmul_fn(dtype, n: int = 2048) -> tuple[Callable[[], object], float]:
+  """A large jitted `n x n` matmul (bf16 inputs accumulate in f32) and its FLOPs: the peak to time beside
+  the code under test, so both see the same spell of the machine."""
   a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
   f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-  return 2 * n ** 3 / median_time(lambda: f(a, a).block_until_ready(), reps)
+  return (lambda: f(a, a).block_until_ready()), 2.0 * n ** 3

@@ -5,11 +5,12 @@ For each size (S, M; the shapes of benchmarks/sampler.py) prints one JSON line w
 (b) a full train step, `rlkit.train.steps.make_sft_step` with `optax.adamw` (value_and_grad + update in one
 jitted function, train state donated), in f32 (`tokens_per_s`) and bf16 compute with f32 master params
 (`bf16_tokens_per_s`). The peer is the machine itself: the f32 and bf16-input/f32-accumulate 2048^3 matmul
-peak measured in the same process; `mfu` = train-step FLOP/s (`train_flops_per_token`) / that peak.
+peak measured in the same process, taking turns with the training calls in every round
+(`_common.interleaved_median_times`); `mfu` = train-step FLOP/s (`train_flops_per_token`) / that peak.
 
   python benchmarks/forward.py [--sizes S,M] [--reps 5] [--quick]
 
-Batch 8 x 256 tokens of random ids, no padding. Timings are medians over `--reps` runs after one warm-up;
+Batch 8 x 256 tokens of random ids, no padding. Timings are medians over `--reps` rounds;
 `--quick` (a smoke test) runs S only with 2 reps.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from benchmarks._common import SIZES, commit, matmul_peak, median_time  # noqa: E402
+from benchmarks._common import SIZES, commit, interleaved_median_times, matmul_fn  # noqa: E402
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params, num_params  # noqa: E402
 from rlkit.train.steps import init_train_state, make_sft_step  # noqa: E402
 
@@ -62,14 +63,16 @@ def next_token_loss(model: Transformer, params, tokens):
   return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
 
 
-def fwd_bwd_time(cfg: TransformerConfig, params, tokens, reps: int) -> float:
+def fwd_bwd_fn(cfg: TransformerConfig, params, tokens):
+  """One jitted loss value_and_grad call, as a no-argument function."""
   model = Transformer(cfg)
   grad_fn = jax.jit(jax.value_and_grad(lambda p, t: next_token_loss(model, p, t)))
-  return median_time(lambda: jax.block_until_ready(grad_fn(params, tokens)), reps)
+  return lambda: jax.block_until_ready(grad_fn(params, tokens))
 
 
-def train_step_time(cfg: TransformerConfig, params, tokens, reps: int) -> float:
-  """Median seconds of `make_sft_step` (adamw, donated state) on a full-mask batch of `tokens`."""
+def train_step_fn(cfg: TransformerConfig, params, tokens):
+  """One `make_sft_step` call (adamw, donated state) on a full-mask batch of `tokens`, as a no-argument
+  function."""
   tx = optax.adamw(1e-4, weight_decay=0.01)
   step = make_sft_step(Transformer(cfg), tx)
   ones = jnp.ones(tokens.shape, bool)
@@ -79,19 +82,23 @@ def train_step_time(cfg: TransformerConfig, params, tokens, reps: int) -> float:
   def run():
     box[0], metrics = step(box[0], batch)
     jax.block_until_ready((box[0], metrics))
-  return median_time(run, reps)
+  return run
 
 
-def bench_size(name: str, reps: int, peak_f32: float, peak_bf16: float) -> dict:
+def bench_size(name: str, reps: int) -> dict:
+  """Times the four training calls and the matmul peaks in the same rounds (`interleaved_median_times`)."""
   cfg = SIZES[name]
   bf16 = cfg.replace(dtype="bfloat16")            # bf16 compute, f32 master params
   params = init_params(cfg, jax.random.key(0))
   tokens = jnp.asarray(np.random.default_rng(0).integers(3, cfg.vocab_size, (BATCH, SEQ)), jnp.int32)
   n = BATCH * SEQ
-  t_fb = fwd_bwd_time(cfg, params, tokens, reps)
-  t_fb_bf16 = fwd_bwd_time(bf16, params, tokens, reps)
-  t_step = train_step_time(cfg, params, tokens, reps)
-  t_step_bf16 = train_step_time(bf16, params, tokens, reps)
+  fns = {"fb": fwd_bwd_fn(cfg, params, tokens), "fb_bf16": fwd_bwd_fn(bf16, params, tokens),
+         "step": train_step_fn(cfg, params, tokens), "step_bf16": train_step_fn(bf16, params, tokens)}
+  fns["peak"], peak_flops = matmul_fn(jnp.float32)
+  fns["peak_bf16"], _ = matmul_fn(jnp.bfloat16)
+  t = interleaved_median_times(fns, reps)
+  t_fb, t_fb_bf16, t_step, t_step_bf16 = t["fb"], t["fb_bf16"], t["step"], t["step_bf16"]
+  peak_f32, peak_bf16 = peak_flops / t["peak"], peak_flops / t["peak_bf16"]
   flops_tok = train_flops_per_token(cfg, SEQ)
   return {
       "benchmark": "forward", "size": name, "params": num_params(params), "batch": BATCH, "seq": SEQ,
@@ -112,9 +119,8 @@ def main():
   parser.add_argument("--quick", action="store_true", help="smoke test: S only, 2 reps")
   args = parser.parse_args()
   sizes, reps = (["S"], 2) if args.quick else (args.sizes.split(","), args.reps)
-  peak_f32, peak_bf16 = matmul_peak(jnp.float32), matmul_peak(jnp.bfloat16)
   for name in sizes:
-    print(json.dumps(bench_size(name, reps, peak_f32, peak_bf16)), flush=True)
+    print(json.dumps(bench_size(name, reps)), flush=True)
 
 
 if __name__ == "__main__":

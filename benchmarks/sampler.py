@@ -7,8 +7,10 @@ and decode tokens/s at prompt 16 vs prompt 512 (their ratio shows the per-token 
   python benchmarks/sampler.py [--sizes S,M] [--reps N] [--cpu-devices N]
 
 Both sides: batch 64, prompt 16, 64 new tokens, sampling at temperature 1 (no top-k/top-p, no EOS so every
-row generates all 64 tokens), 2 threads. Timings are medians over `--reps` runs after one warm-up (default
-10 for S, whose runs take tens of milliseconds and are the most exposed to noise, 3 for M).
+row generates all 64 tokens), 2 threads. Timings are medians over `--reps` rounds (default 10 for S, whose
+runs take tens of milliseconds and are the most exposed to noise, 3 for M). Within a round the peer's and
+rlkit's calls and the matmul peak take turns (`_common.interleaved_median_times`), so every ratio, and the
+MFU, compares measurements from the same minutes of this noisy machine.
 
 `--cpu-devices N` (N > 1) runs rlkit's side the way `--config.mesh.cpu_devices=N` runs a job: the CPU is
 split into N XLA devices (`rlkit.parallel.set_cpu_devices`) and the batch is split over a `data` mesh of
@@ -30,7 +32,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks._common import SIZES, commit, matmul_peak, median_time  # noqa: E402
+from benchmarks._common import SIZES, commit, interleaved_median_times, matmul_fn  # noqa: E402
 from rlkit.models import hf  # noqa: E402
 from rlkit.parallel import make_mesh, set_cpu_devices, shard_batch, shard_params  # noqa: E402
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params, num_params  # noqa: E402
@@ -48,7 +50,8 @@ def decode_flops_per_token(cfg: TransformerConfig, context: float) -> float:
   return cfg.num_layers * per_layer + 2 * d * cfg.vocab_size
 
 
-def rlkit_side(cfg, params, prompt_len: int, new: int, reps: int, dtype: str):
+def rlkit_fn(cfg, params, prompt_len: int, new: int, dtype: str):
+  """One `generate` call of rlkit's sampler (compiled and run once here), as a no-argument function."""
   mcfg = cfg.replace(dtype=dtype, param_dtype=dtype)
   model = Transformer(mcfg)
   p = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
@@ -60,10 +63,13 @@ def rlkit_side(cfg, params, prompt_len: int, new: int, reps: int, dtype: str):
     p, (prompt, mask) = shard_params(p, mesh), shard_batch((prompt, mask), mesh)
   sc = SamplingConfig(max_new_tokens=new, temperature=1.0)
   key = jax.random.key(0)
-  return median_time(lambda: generate(model, p, prompt, mask, key, sc).response.block_until_ready(), reps)
+  run = lambda: generate(model, p, prompt, mask, key, sc).response.block_until_ready()  # noqa: E731
+  run()
+  return run
 
 
-def torch_side(folder: str, prompt_len: int, new: int, reps: int, dtype: str, vocab: int):
+def torch_fn(folder: str, prompt_len: int, new: int, dtype: str, vocab: int):
+  """One `transformers` `generate` call on the checkpoint in `folder`, as a no-argument function."""
   import torch
   import transformers
   torch.set_num_threads(2)
@@ -77,34 +83,44 @@ def torch_side(folder: str, prompt_len: int, new: int, reps: int, dtype: str, vo
     with torch.inference_mode():
       model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=None, top_p=None,
                      max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0)
-  return median_time(run, reps)
+  run()
+  return run
 
 
-def bench_size(name: str, reps: int, peak_f32: float, peak_bf16: float) -> dict:
+def bench_size(name: str, reps: int) -> dict:
+  """Times every side of one size in the same rounds (`interleaved_median_times`): the peer's and rlkit's
+  generate calls, and the matmul peaks that the decode MFU divides by."""
   cfg = SIZES[name]
   params = init_params(cfg, jax.random.key(0))
   tokens = BATCH * NEW
   with tempfile.TemporaryDirectory() as tmp:
     folder = os.path.join(tmp, "model")
     hf.save(folder, cfg, params, model_type="qwen3")
-    t_peer = torch_side(folder, PROMPT, NEW, reps, "float32", cfg.vocab_size)
-    t_peer_bf16 = torch_side(folder, PROMPT, NEW, reps, "bfloat16", cfg.vocab_size)
-  t_ours = rlkit_side(cfg, params, PROMPT, NEW, reps, "float32")
-  t_ours_bf16 = rlkit_side(cfg, params, PROMPT, NEW, reps, "bfloat16")
+    fns = {"peer": torch_fn(folder, PROMPT, NEW, "float32", cfg.vocab_size),
+           "peer_bf16": torch_fn(folder, PROMPT, NEW, "bfloat16", cfg.vocab_size)}
+  fns["ours"] = rlkit_fn(cfg, params, PROMPT, NEW, "float32")
+  fns["ours_bf16"] = rlkit_fn(cfg, params, PROMPT, NEW, "bfloat16")
   # Decode-only throughput: subtract the prefill + first step (a 1-token run) from the full run.
-  t1_short = rlkit_side(cfg, params, PROMPT, 1, reps, "float32")
-  t1_long = rlkit_side(cfg, params, 512, 1, reps, "float32")
-  t_long = rlkit_side(cfg, params, 512, NEW, reps, "float32")
-  decode_short = BATCH * (NEW - 1) / (t_ours - t1_short)
-  decode_long = BATCH * (NEW - 1) / (t_long - t1_long)
+  fns["ours_1"] = rlkit_fn(cfg, params, PROMPT, 1, "float32")
+  fns["peak"], peak_flops = matmul_fn(jnp.float32)
+  fns["peak_bf16"], _ = matmul_fn(jnp.bfloat16)
+  t = interleaved_median_times(fns, reps)
+  # Prompt 512 against prompt 16 is rlkit's own ratio, so its (slow, prefill-heavy) calls take turns
+  # only with each other.
+  t.update(interleaved_median_times({"long_1": rlkit_fn(cfg, params, 512, 1, "float32"),
+                                     "long": rlkit_fn(cfg, params, 512, NEW, "float32")}, reps))
+  decode_short = BATCH * (NEW - 1) / (t["ours"] - t["ours_1"])
+  decode_long = BATCH * (NEW - 1) / (t["long"] - t["long_1"])
   flops = decode_flops_per_token(cfg, PROMPT + NEW / 2) * decode_short
+  peak_f32, peak_bf16 = peak_flops / t["peak"], peak_flops / t["peak_bf16"]
   return {
       "benchmark": "sampler", "size": name, "cpu_devices": len(jax.devices()), "params": num_params(params),
       "batch": BATCH, "prompt": PROMPT, "new_tokens": NEW, "reps": reps, "commit": commit(), "jax": jax.__version__,
-      "tokens_per_s": round(tokens / t_ours, 1), "peer_tokens_per_s": round(tokens / t_peer, 1),
-      "speedup_vs_peer": round(t_peer / t_ours, 3),
-      "bf16_tokens_per_s": round(tokens / t_ours_bf16, 1), "peer_bf16_tokens_per_s": round(tokens / t_peer_bf16, 1),
-      "bf16_speedup_vs_peer": round(t_peer_bf16 / t_ours_bf16, 3),
+      "tokens_per_s": round(tokens / t["ours"], 1), "peer_tokens_per_s": round(tokens / t["peer"], 1),
+      "speedup_vs_peer": round(t["peer"] / t["ours"], 3),
+      "bf16_tokens_per_s": round(tokens / t["ours_bf16"], 1),
+      "peer_bf16_tokens_per_s": round(tokens / t["peer_bf16"], 1),
+      "bf16_speedup_vs_peer": round(t["peer_bf16"] / t["ours_bf16"], 3),
       "decode_tokens_per_s_prompt16": round(decode_short, 1),
       "decode_tokens_per_s_prompt512": round(decode_long, 1),
       "decode_ratio_512_vs_16": round(decode_long / decode_short, 3),
@@ -122,10 +138,9 @@ def main():
   args = parser.parse_args()
   if args.cpu_devices > 1:
     set_cpu_devices(args.cpu_devices)
-  peak_f32, peak_bf16 = matmul_peak(jnp.float32), matmul_peak(jnp.bfloat16)
   for name in args.sizes.split(","):
     reps = args.reps or {"S": 10}.get(name, 3)
-    print(json.dumps(bench_size(name, reps, peak_f32, peak_bf16)), flush=True)
+    print(json.dumps(bench_size(name, reps)), flush=True)
 
 
 if __name__ == "__main__":
