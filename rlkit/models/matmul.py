@@ -68,10 +68,10 @@ def _bwd(eq, res, dy):
   x2, y2 = (a.reshape((-1,) + a.shape[len(tok):]) for a in (x2, y2))      # [tokens, *features]
   n = next(c for c in string.ascii_letters if c not in eq)                  # the merged token axis
   if x.size <= dy.size:
-    dx, xt, y2 = jax.lax.optimization_barrier((dx, jnp.moveaxis(x2, 0, -1), y2))
+    dx, xt = jax.lax.optimization_barrier((dx, jnp.moveaxis(x2, 0, -1)))
     dw = _einsum(f"{x_in}{n},{n}{y_out}->{ws}", xt, y2)
   else:
-    dx, yt, x2 = jax.lax.optimization_barrier((dx, jnp.moveaxis(y2, 0, -1), x2))
+    dx, yt = jax.lax.optimization_barrier((dx, jnp.moveaxis(y2, 0, -1)))
     dw = _einsum(f"{y_out}{n},{n}{x_in}->{ws}", yt, x2)
   return dx.astype(x.dtype), dw.astype(w.dtype)
 
