@@ -154,11 +154,10 @@ def rope_tables(positions: Array, head_dim: int, theta: float, dtype) -> tuple[A
   """cos and sin of the rotary angles, each [B, T, hd] (rotate-half layout, as HF Qwen/Llama).
 
   Computed once per forward and shared by every layer. XLA:CPU would otherwise fuse the sin/cos into each
-  layer's q and k consumers and evaluate them there, once per head: 0.2 ms per layer per M decode step, and
-  about 0.27 s of fusion time per M train step (8 x 256 tokens). The sampler computes them for all decode
-  steps before its loop; inside one forward pass they are computed in a loop over the frequencies (a loop is
-  a fusion boundary; an optimisation barrier is not, XLA removes it before fusing), which leaves the batch
-  and sequence axes, and so their sharding, untouched.
+  layer's q and k consumers and evaluate them there, once per head (0.2 ms per layer per M decode step).
+  The sampler computes them for all decode steps before its loop. Inside one forward pass they are computed
+  in a loop over the frequencies: a loop is a fusion boundary (an optimisation barrier is not; XLA removes
+  it before fusing), and the batch and sequence axes, so their sharding, are left untouched.
   """
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   angles = positions.astype(jnp.float32)
