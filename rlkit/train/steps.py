@@ -142,8 +142,8 @@ def make_score_fn(model: Transformer, temperature: float, replay_routing: bool =
 
   @jax.jit
   def score(params, batch):
-    logp = token_logprobs(response_logits(model, params, batch, replay_routing), batch["response"],
-                             temperature)
+    logits = response_logits(model, params, batch, replay_routing)
+    logp = token_logprobs(logits, batch["response"], temperature)
     return jnp.where(batch["response_mask"], logp, 0.0)
   return score
 
