@@ -226,9 +226,12 @@ class Attention(nn.Module):
     scores = jnp.where(allowed[:, None, :, None, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).reshape(b, kvh, t * g, s)
     out = jnp.einsum("bkqs,bksh->bkqh", probs.astype(dt), v.astype(dt), preferred_element_type=jnp.float32)
-    out = out.reshape(b, kvh, t, g, hd).astype(dt)
+    # The output projection as a plain 2-D matmul over the merged (KV, G, hd) axis, with `out` moved to
+    # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
+    # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
+    out = out.reshape(b, kvh, t, g * hd).transpose(0, 2, 1, 3).reshape(b, t, kvh * g * hd).astype(dt)
     w_o = self.param("o", _init, (kvh, g, hd, cfg.hidden_size), pdt)
-    return _dot("bktgh,kghd->btd", out, w_o, dt), new_kv
+    return _dot("btf,fd->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size), dt), new_kv
 
 
 @jax.custom_vjp
