@@ -150,14 +150,12 @@ def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_ma
 
   uniforms = None if cfg.greedy else jax.random.uniform(key, (r, b), jnp.float32)
 
-  def cond(c):
-    return (c["i"] < r) & ~jnp.all(c["done"])
-
-  def body(c):
+  def draw(c, logits):
+    """Samples token i of every row from `logits` [B, V] and records it: the loop's last half-step."""
     i = c["i"]
     # Only the drawn token's log-probability is kept, so no [B, V] log-softmax is formed: one exp pass gives
     # the sampling weights and the normaliser (as `processed_logprobs` computes it: x - max - log sum exp).
-    x = processed_logits(c["logits"], cfg)
+    x = processed_logits(logits, cfg)
     x_max = jnp.max(x, axis=-1)
     w = jnp.exp(x - x_max[:, None])
     if cfg.greedy:
@@ -170,30 +168,44 @@ def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_ma
     stopped = jnp.zeros_like(live)
     for s in cfg.stop_ids:
       stopped = stopped | (tok == s)
-    nxt = dict(c)
+    nxt = dict(c, tok=tok, live=live, i=i + 1)
     nxt["response"] = jax.lax.dynamic_update_slice(c["response"], tok[:, None], (0, i))
     nxt["logprobs"] = jax.lax.dynamic_update_slice(
         c["logprobs"], jnp.where(live, tok_logp, 0.0)[:, None], (0, i))
     nxt["mask"] = jax.lax.dynamic_update_slice(c["mask"], live[:, None], (0, i))
     nxt["done"] = c["done"] | (live & stopped)
-    # Finished rows keep running (static shapes) but their pad token is masked out of the cache.
-    pos, cos, sin = (jax.lax.dynamic_slice_in_dim(t, i, 1, axis=1) for t in (step_pos, cos_all, sin_all))
-    o = model.apply(variables, tok[:, None], pos, live[:, None], c["cache"], rope_cs=(cos, sin),
-                    method=Transformer.forward)
-    nxt["cache"] = o.cache
-    nxt["logits"] = o.logits[:, -1]
-    if moe:
-      nxt["routed"] = jax.lax.dynamic_update_slice(c["routed"], o.routed_experts, (0, p + i, 0, 0))
-    nxt["i"] = i + 1
     return nxt
 
+  def cond(c):
+    return (c["i"] < r) & ~jnp.all(c["done"])
+
+  def feed(c):
+    """Runs the model on the token drawn last (step i - 1) against the cache; returns (carry, logits)."""
+    j = c["i"] - 1
+    pos, cos, sin = (jax.lax.dynamic_slice_in_dim(t, j, 1, axis=1) for t in (step_pos, cos_all, sin_all))
+    # Finished rows keep running (static shapes); their pad token is masked out of the cache.
+    o = model.apply(variables, c["tok"][:, None], pos, c["live"][:, None], c["cache"], rope_cs=(cos, sin),
+                    method=Transformer.forward)
+    c = dict(c, cache=o.cache)
+    if moe:
+      c["routed"] = jax.lax.dynamic_update_slice(c["routed"], o.routed_experts, (0, p + j, 0, 0))
+    return c, o.logits[:, -1]
+
+  # Each iteration feeds the token drawn last and draws the next. Drawing at the end of the body keeps the
+  # [B, V] logits out of the loop carry (XLA:CPU copied them every step) and runs no forward pass after the
+  # last token.
+  def body(c):
+    return draw(*feed(c))
+
   carry = dict(
-      i=jnp.zeros((), jnp.int32), cache=out.cache, logits=out.logits[:, -1],
+      i=jnp.zeros((), jnp.int32), cache=out.cache, tok=jnp.zeros((b,), jnp.int32), live=jnp.zeros((b,), bool),
       response=jnp.full((b, r), cfg.pad_id, jnp.int32), logprobs=jnp.zeros((b, r), jnp.float32),
       mask=jnp.zeros((b, r), bool), done=jnp.zeros((b,), bool))
   if moe:
     carry["routed"] = routed
-  c = jax.lax.while_loop(cond, body, carry)
+  c = jax.lax.while_loop(cond, body, draw(carry, out.logits[:, -1]))
+  if moe:   # the routing of the last drawn token is part of the Rollout: one more pass, for MoE only
+    c, _ = feed(c)
   extras = {"routed_experts": c["routed"]} if moe else {}
   return Rollout(prompt=prompt, prompt_mask=prompt_mask, response=c["response"], response_mask=c["mask"],
                  logprobs=c["logprobs"], lengths=jnp.sum(c["mask"], axis=1).astype(jnp.int32),
