@@ -6,6 +6,7 @@ Not a benchmark itself; imported by `benchmarks/sampler.py`, `benchmarks/forward
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from rlkit.models.transformer import TransformerConfig
+from rlkit.parallel.host_memory import reexec_with_tuned_malloc
 
 SIZES = {
     "S": TransformerConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
@@ -31,6 +33,18 @@ def commit() -> str:
                                    cwd=os.path.dirname(os.path.abspath(__file__))).strip()
   except Exception:  # not a git checkout: the JSON still says so
     return "unknown"
+
+
+def add_tuned_malloc_arg(parser: argparse.ArgumentParser) -> None:
+  """`--tuned-malloc`: rerun the script with glibc malloc tuned for large XLA:CPU steps (the JSON lines
+  record `tuned_malloc`). Both sides of a comparison run in the one process, so both get it."""
+  parser.add_argument("--tuned-malloc", action="store_true",
+                      help="rerun with rlkit.parallel.host_memory's glibc settings (Linux with glibc only)")
+
+
+def apply_tuned_malloc_arg(args: argparse.Namespace) -> None:
+  if args.tuned_malloc:
+    reexec_with_tuned_malloc()
 
 
 def interleaved_median_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:

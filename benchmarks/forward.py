@@ -27,8 +27,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from benchmarks._common import SIZES, commit, interleaved_median_times, matmul_fn  # noqa: E402
+from benchmarks._common import (SIZES, add_tuned_malloc_arg, apply_tuned_malloc_arg, commit,
+                               interleaved_median_times, matmul_fn)  # noqa: E402
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params, num_params  # noqa: E402
+from rlkit.parallel.host_memory import tuned_malloc_active  # noqa: E402
 from rlkit.train.steps import init_train_state, make_sft_step  # noqa: E402
 
 BATCH, SEQ = 8, 256
@@ -103,6 +105,7 @@ def bench_size(name: str, reps: int) -> dict:
   return {
       "benchmark": "forward", "size": name, "params": num_params(params), "batch": BATCH, "seq": SEQ,
       "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "tuned_malloc": tuned_malloc_active(),
       "tokens_per_s": round(n / t_step, 1), "bf16_tokens_per_s": round(n / t_step_bf16, 1),
       "fwd_bwd_tokens_per_s": round(n / t_fb, 1), "bf16_fwd_bwd_tokens_per_s": round(n / t_fb_bf16, 1),
       "train_gflops_per_token": round(flops_tok / 1e9, 5),
@@ -116,8 +119,10 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", default="S,M")
   parser.add_argument("--reps", type=int, default=5)
+  add_tuned_malloc_arg(parser)
   parser.add_argument("--quick", action="store_true", help="smoke test: S only, 2 reps")
   args = parser.parse_args()
+  apply_tuned_malloc_arg(args)
   sizes, reps = (["S"], 2) if args.quick else (args.sizes.split(","), args.reps)
   for name in sizes:
     print(json.dumps(bench_size(name, reps)), flush=True)

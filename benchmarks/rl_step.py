@@ -49,12 +49,14 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from absl import logging  # noqa: E402
 
-from benchmarks._common import SIZES, commit, interleaved_median_times  # noqa: E402
+from benchmarks._common import (SIZES, add_tuned_malloc_arg, apply_tuned_malloc_arg, commit,
+                               interleaved_median_times)  # noqa: E402
 from rlkit.data.pipeline import make_iterator  # noqa: E402
 from rlkit.models import hf  # noqa: E402
 from rlkit.models.transformer import Transformer, init_params, num_params  # noqa: E402
 from rlkit.objectives import group_advantages  # noqa: E402
 from rlkit.optim.optimizers import make_optimizer  # noqa: E402
+from rlkit.parallel.host_memory import tuned_malloc_active  # noqa: E402
 from rlkit.parallel.mesh import mesh_from_config  # noqa: E402
 from rlkit.parallel.rules import shard_batch  # noqa: E402
 from rlkit.rewards import REWARDS  # noqa: E402
@@ -136,6 +138,7 @@ def bench_iteration(reps: int) -> dict:
       "benchmark": "rl_step", "part": "iteration", "config": "configs/grpo_arith.py:cpu",
       "params": num_params(params), "rows": n_rows, "prompt_len": config.data.max_prompt_len,
       "max_new_tokens": cfg.max_new_tokens, "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "tuned_malloc": tuned_malloc_active(),
       "iteration_ms": round(1e3 * med["total"], 1),
       "gen_tokens_per_s": round(statistics.median(r[1] / r[0]["generate"] for r in runs), 1),
       "update_tokens_per_s": round(statistics.median(cfg.ppo_epochs * r[2] / r[0]["update"] for r in runs), 1),
@@ -206,6 +209,7 @@ def bench_update(reps: int, batch: int, seq: int) -> dict:
   return {
       "benchmark": "rl_step", "part": "update_vs_torch", "size": "M", "params": num_params(params),
       "batch": batch, "seq": seq, "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "tuned_malloc": tuned_malloc_active(),
       "ours": "make_sft_step+optax.adamw", "peer": "transformers Qwen3ForCausalLM eager+torch AdamW(fused)",
       "update_tokens_per_s": round(n / t_ours, 1), "peer_tokens_per_s": round(n / t_peer, 1),
       "update_speedup_vs_torch": round(t_peer / t_ours, 3),
@@ -220,8 +224,10 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=10, help="RL iterations timed in (a)")
   parser.add_argument("--update-reps", type=int, default=5, help="rounds in (b): steps timed per side")
+  add_tuned_malloc_arg(parser)
   parser.add_argument("--quick", action="store_true", help="smoke test: 3 / 1 reps, batch 2 x 128 in (b)")
   args = parser.parse_args()
+  apply_tuned_malloc_arg(args)
   logging.set_verbosity(logging.ERROR)   # tfds announces the dataset it prepares
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
