@@ -20,8 +20,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and plots.")
 _TUNED_MALLOC = flags.DEFINE_bool(
     "tuned_malloc", False, "Rerun this command with glibc malloc tuned for large XLA:CPU steps (freed memory "
-    "kept, on huge pages; rlkit/parallel/host_memory.py): the M-size train step ran about 1.15x faster, the "
-    "main job's small-model RL iteration 1.4x slower.")
+    "kept, on huge pages; rlkit/parallel/host_memory.py): the M-size train step ran about 1.15x faster; the "
+    "main job's small-model RL iteration did not gain.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 

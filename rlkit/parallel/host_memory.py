@@ -6,8 +6,9 @@ Every step then faults all of those pages in again: about 400k page faults and 0
 train step on the 2-core benchmark machine. With `TUNABLES` glibc serves every allocation from one heap (one
 arena, no mmap), never trims it, and backs it with transparent huge pages. After the first step there are no
 page faults, and the big matmuls miss the TLB less. Measured (benchmarks/README.md): the M train step about
-1.15x faster; but the main job's RL iteration, whose model is small, ran 1.4x slower. So this is off by
-default: `launch.py --tuned_malloc` and the benchmarks' `--tuned-malloc` turn it on.
+1.15x faster. The main job's RL iteration, whose model is small, did not gain: its generation ran about 15%
+slower and its update about 12% faster. So this is off by default: `launch.py --tuned_malloc` and the
+benchmarks' `--tuned-malloc` turn it on.
 
 glibc reads GLIBC_TUNABLES only when a process starts, hence `reexec_with_tuned_malloc`: it runs the same
 command again with the variable set, before any work is done. The cost: the process keeps its peak memory.
