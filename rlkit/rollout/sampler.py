@@ -1,9 +1,10 @@
 """KV-cache sampler: batched generation that returns exactly what RL needs, as a `Rollout`.
 
-One jitted function: prefill the (left-padded) prompts into a KV cache, then a `lax.while_loop` that
-samples one token per row, writes it, and runs the model on that single token against the cache. Shapes
-are static (cache length = prompt length + max_new_tokens), the loop exits early once every row has emitted
-a stop token, and each decode step costs one token's forward pass: the prefix is never recomputed.
+One jitted function: prefill the (left-padded) prompts into a KV cache and sample each row's first token,
+then a `lax.while_loop` that runs the model on the last sampled token against the cache and samples the
+next. Shapes are static (cache length = prompt length + max_new_tokens), the loop exits early once every
+row has emitted a stop token, and each decode step costs one token's forward pass: the prefix is never
+recomputed.
 
 The log-probability returned for each sampled token is taken under the distribution it was actually drawn
 from: `log_softmax(processed logits)` after temperature, top-k and top-p (the nucleus is renormalised).
