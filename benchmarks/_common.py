@@ -1,5 +1,5 @@
-"""Shared pieces of the benchmark scripts: the model sizes, the commit, interleaved median timing and the
-matmul peak.
+"""Shared pieces of the benchmark scripts: the model sizes, the commit, the `--tuned-malloc` option,
+interleaved median timing and the matmul peak.
 
 Not a benchmark itself; imported by `benchmarks/sampler.py`, `benchmarks/forward.py` and
 `benchmarks/rl_step.py` (each script puts the repository root on `sys.path` first).

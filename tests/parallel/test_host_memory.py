@@ -7,7 +7,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = ("import os, sys; print('start', flush=True); "
+SCRIPT = ("import sys; print('start', flush=True); "
           "from rlkit.parallel.host_memory import reexec_with_tuned_malloc, tuned_malloc_active; "
           "reexec_with_tuned_malloc(); print('active', tuned_malloc_active(), sys.argv[1:])")
 
