@@ -1,0 +1,121 @@
+"""Masked softmax attention over grouped query heads, with causal blocks and a hand-written backward pass.
+
+`attend(q, k, v, allowed, group, blocks)` is `softmax(mask(q k^T / sqrt(hd))) v` with float32 scores. With
+blocks=1 its value is exactly that of the plain composition of `einsum`, `where` and `jax.nn.softmax`
+(`masked_probs`, which the decode path shares). Two things make the training step faster:
+
+- Causal blocks (self-attention over one whole sequence, as in training and scoring): the queries are split
+  into `blocks` blocks, and block i attends only to the keys up to its last query. The score blocks above the
+  diagonal, which the causal mask would zero, are never computed: at 4 blocks, 10/16 of the dense work.
+- The backward pass is written out, with FlashAttention's identity for the softmax gradient (o = p v, so
+  sum_s p_s dp_s = do . o):
+
+    dv = p^T do      dp = do v^T      ds = p * (dp - rowsum(do * o)) / sqrt(hd)      dq = ds k      dk = ds^T q
+
+  Autodiff of the softmax instead reduces `p * dp` over the key axis, a pass over the whole score tensor that
+  XLA:CPU ran as its own op (8.6 ms per M layer at 8 x 256 tokens, longer than either attention matmul),
+  and adds the backward of the mask's `where`. `rowsum(do * o)` reduces the S / hd times smaller output.
+
+M train step (8 x 256 tokens), interleaved A/B against the plain composition: 1.04x (16 rounds); the
+attention ops of a layer's backward went from 31 to 20 ms in the profile.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def _mask5(allowed: Array) -> Array:
+  return allowed[:, None, :, None, :]                # [B, T, S] -> broadcast over [B, KV, T, G, S]
+
+
+def masked_probs(scores: Array, allowed: Array, group: int, head_dim: int) -> Array:
+  """Softmax over the keys of raw q.k^T `scores` [B, KV, T*G, S] (query rows ordered (t, g)), float32.
+
+  allowed: [B, T, S], True where query t may attend to key slot s. Disallowed scores get float32's
+  minimum, so a row with no allowed key (a padding query) is uniform rather than NaN.
+  """
+  b, kvh, tg, s = scores.shape
+  x = scores.reshape(b, kvh, tg // group, group, s) * (1.0 / math.sqrt(head_dim))
+  x = jnp.where(_mask5(allowed), x, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(x, axis=-1).reshape(b, kvh, tg, s)
+
+
+def _einsum(eq: str, a: Array, b: Array) -> Array:
+  return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
+
+
+def causal_blocks(t: int, min_block: int = 64, max_blocks: int = 4) -> int:
+  """How many causal query blocks `attend` splits T queries into: the most (up to `max_blocks`) that
+  divide T into blocks of at least `min_block` queries; 1 (dense) for short sequences."""
+  return next(n for n in range(max_blocks, 0, -1) if n == 1 or (t % n == 0 and t // n >= min_block))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def attend(q: Array, k: Array, v: Array, allowed: Array, group: int, blocks: int = 1) -> Array:
+  """Attention output [B, KV, T*G, hd] (float32) of queries q [B, KV, T*G, hd] over keys and values
+  k, v [B, KV, S, hd], all three in the compute dtype; `allowed` [B, T, S] as in `masked_probs`.
+
+  blocks > 1 (see `causal_blocks`) is for causal self-attention over one whole sequence (S == T, query t
+  at slot t): the queries are split into that many blocks and block i attends only to the keys up to its
+  last query, skipping the score blocks the causal mask would zero (at 4 blocks, 10/16 of the work).
+  Real queries get the same values; a query with no allowed key (padding) is uniform over its block's
+  keys instead of all S.
+  """
+  return _attend_fwd(q, k, v, allowed, group, blocks)[0]
+
+
+def _spans(t: int, blocks: int) -> list[tuple[int, int]]:
+  if t % blocks:
+    raise ValueError(f"attend: {t} queries do not split into {blocks} causal blocks; use causal_blocks(t).")
+  size = t // blocks
+  return [(i * size, (i + 1) * size) for i in range(blocks)]
+
+
+def _attend_fwd(q, k, v, allowed, group, blocks):
+  t = allowed.shape[1]
+  if blocks > 1 and k.shape[2] != t:
+    raise ValueError(f"attend: causal blocks need keys of the queries' own sequence (S == T), got S = "
+                     f"{k.shape[2]}, T = {t}; pass blocks=1.")
+  ps, os = [], []
+  for a, b in _spans(t, blocks):
+    end = b if blocks > 1 else k.shape[2]          # the keys up to the block's last query; dense: all S
+    p = masked_probs(_einsum("bkqh,bksh->bkqs", q[:, :, a * group:b * group], k[:, :, :end]),
+                     allowed[:, a:b, :end], group, q.shape[-1])
+    ps.append(p)
+    os.append(_einsum("bkqs,bksh->bkqh", p.astype(v.dtype), v[:, :, :end]))
+  o = os[0] if blocks == 1 else jnp.concatenate(os, axis=2)
+  return o, (q, k, v, allowed, tuple(ps), o)
+
+
+def _attend_bwd(group, blocks, res, do):
+  q, k, v, allowed, ps, o = res
+  dt, t, s, hd = v.dtype, allowed.shape[1], k.shape[2], q.shape[-1]
+  row = jnp.sum(do * o, axis=-1, keepdims=True)      # = sum_s p dp, over hd instead of S
+  dqs, dk, dv = [], 0.0, 0.0
+  for (a, b), p in zip(_spans(t, blocks), ps):
+    end = p.shape[-1]
+    rows = slice(a * group, b * group)
+    do_i, q_i, k_i, v_i = do[:, :, rows].astype(dt), q[:, :, rows], k[:, :, :end], v[:, :, :end]
+    dv_i = _einsum("bkqs,bkqh->bksh", p.astype(dt), do_i)
+    dp = _einsum("bkqh,bksh->bkqs", do_i, v_i)
+    nb, kvh, tg, _ = p.shape
+    ds = (p * (dp - row[:, :, rows])).reshape(nb, kvh, tg // group, group, end)
+    # Disallowed slots have p = 0 except in a fully masked row, whose uniform p must not pass gradient
+    # (autodiff's `where` stops it there).
+    ds = jnp.where(_mask5(allowed[:, a:b, :end]), ds * (1.0 / math.sqrt(hd)), 0.0)
+    ds = ds.reshape(nb, kvh, tg, end).astype(dt)
+    dqs.append(_einsum("bkqs,bksh->bkqh", ds, k_i))
+    pad = ((0, 0), (0, 0), (0, s - end), (0, 0))
+    dk = dk + jnp.pad(_einsum("bkqs,bkqh->bksh", ds, q_i), pad)
+    dv = dv + jnp.pad(dv_i, pad)
+  dq = dqs[0] if blocks == 1 else jnp.concatenate(dqs, axis=2)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(dt), None
+
+
+attend.defvjp(_attend_fwd, _attend_bwd)
