@@ -16,8 +16,9 @@ blocks=1 its value is exactly that of the plain composition of `einsum`, `where`
   XLA:CPU ran as its own op (8.6 ms per M layer at 8 x 256 tokens, longer than either attention matmul),
   and adds the backward of the mask's `where`. `rowsum(do * o)` reduces the S / hd times smaller output.
 
-M train step (8 x 256 tokens), interleaved A/B against the plain composition: 1.04x (16 rounds); the
-attention ops of a layer's backward went from 31 to 20 ms in the profile.
+M train step (8 x 256 tokens), interleaved A/Bs: against the plain composition 1.04x (16 rounds), with the
+attention ops of a layer's backward going from 31 to 20 ms in the profile; computing dv and dk transposed
+(see `_attend_bwd`) then 1.01x and 1.03x (12 and 20 rounds), and 20 to 11 ms in the profile.
 """
 from __future__ import annotations
 
@@ -97,25 +98,29 @@ def _attend_bwd(group, blocks, res, do):
   q, k, v, allowed, ps, o = res
   dt, t, s, hd = v.dtype, allowed.shape[1], k.shape[2], q.shape[-1]
   row = jnp.sum(do * o, axis=-1, keepdims=True)      # = sum_s p dp, over hd instead of S
-  dqs, dk, dv = [], 0.0, 0.0
+  # dv = p^T do and dk = ds^T q contract the query axis, which is major in both operands. XLA:CPU's
+  # matmul kernels want the left operand's contracting axis minor; left to itself XLA ran these two as
+  # generic dots at a third of the speed of the others. So the transposes dv^T = do^T p and dk^T = q^T ds
+  # are computed, with the small do and q transposed explicitly (the barrier keeps XLA from folding the
+  # transposes back into the dots) and dv^T, dk^T transposed once at the end.
+  do_t, q_t = jax.lax.optimization_barrier((jnp.swapaxes(do.astype(dt), 2, 3), jnp.swapaxes(q, 2, 3)))
+  dqs, dk_t, dv_t = [], 0.0, 0.0
   for (a, b), p in zip(_spans(t, blocks), ps):
     end = p.shape[-1]
     rows = slice(a * group, b * group)
-    do_i, q_i, k_i, v_i = do[:, :, rows].astype(dt), q[:, :, rows], k[:, :, :end], v[:, :, :end]
-    dv_i = _einsum("bkqs,bkqh->bksh", p.astype(dt), do_i)
-    dp = _einsum("bkqh,bksh->bkqs", do_i, v_i)
+    dp = _einsum("bkqh,bksh->bkqs", do[:, :, rows].astype(dt), v[:, :, :end])
     nb, kvh, tg, _ = p.shape
     ds = (p * (dp - row[:, :, rows])).reshape(nb, kvh, tg // group, group, end)
     # Disallowed slots have p = 0 except in a fully masked row, whose uniform p must not pass gradient
     # (autodiff's `where` stops it there).
     ds = jnp.where(_mask5(allowed[:, a:b, :end]), ds * (1.0 / math.sqrt(hd)), 0.0)
     ds = ds.reshape(nb, kvh, tg, end).astype(dt)
-    dqs.append(_einsum("bkqs,bksh->bkqh", ds, k_i))
-    pad = ((0, 0), (0, 0), (0, s - end), (0, 0))
-    dk = dk + jnp.pad(_einsum("bkqs,bkqh->bksh", ds, q_i), pad)
-    dv = dv + jnp.pad(dv_i, pad)
+    dqs.append(_einsum("bkqs,bksh->bkqh", ds, k[:, :, :end]))
+    pad = ((0, 0), (0, 0), (0, 0), (0, s - end))
+    dk_t = dk_t + jnp.pad(_einsum("bkhq,bkqs->bkhs", q_t[..., rows], ds), pad)
+    dv_t = dv_t + jnp.pad(_einsum("bkhq,bkqs->bkhs", do_t[..., rows], p.astype(dt)), pad)
   dq = dqs[0] if blocks == 1 else jnp.concatenate(dqs, axis=2)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(dt), None
+  return dq.astype(q.dtype), jnp.swapaxes(dk_t, 2, 3).astype(k.dtype), jnp.swapaxes(dv_t, 2, 3).astype(dt), None
 
 
 attend.defvjp(_attend_fwd, _attend_bwd)
