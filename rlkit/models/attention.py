@@ -72,7 +72,7 @@ def attend(q: Array, k: Array, v: Array, allowed: Array, group: int, blocks: int
 
 
 def _spans(t: int, blocks: int) -> list[tuple[int, int]]:
-  if t % blocks:
+  if blocks < 1 or t % blocks:
     raise ValueError(f"attend: {t} queries do not split into {blocks} causal blocks; use causal_blocks(t).")
   size = t // blocks
   return [(i * size, (i + 1) * size) for i in range(blocks)]
@@ -83,14 +83,14 @@ def _attend_fwd(q, k, v, allowed, group, blocks):
   if blocks > 1 and k.shape[2] != t:
     raise ValueError(f"attend: causal blocks need keys of the queries' own sequence (S == T), got S = "
                      f"{k.shape[2]}, T = {t}; pass blocks=1.")
-  ps, os = [], []
+  ps, outs = [], []
   for a, b in _spans(t, blocks):
     end = b if blocks > 1 else k.shape[2]          # the keys up to the block's last query; dense: all S
     p = masked_probs(_einsum("bkqh,bksh->bkqs", q[:, :, a * group:b * group], k[:, :, :end]),
                      allowed[:, a:b, :end], group, q.shape[-1])
     ps.append(p)
-    os.append(_einsum("bkqs,bksh->bkqh", p.astype(v.dtype), v[:, :, :end]))
-  o = os[0] if blocks == 1 else jnp.concatenate(os, axis=2)
+    outs.append(_einsum("bkqs,bksh->bkqh", p.astype(v.dtype), v[:, :, :end]))
+  o = outs[0] if blocks == 1 else jnp.concatenate(outs, axis=2)
   return o, (q, k, v, allowed, tuple(ps), o)
 
 

@@ -66,8 +66,9 @@ def test_fully_masked_rows_pass_no_gradient():
 def test_causal_blocks_and_bad_splits():
   assert [causal_blocks(t) for t in (8, 64, 128, 192, 256, 260, 4096)] == [1, 1, 2, 3, 4, 4, 4]
   q, k, v, allowed, _, _ = _inputs(jnp.float32)
-  with pytest.raises(ValueError, match="do not split into 3 causal blocks"):
-    attend(q, k, v, allowed, G, 3)
+  for bad in (3, 0):
+    with pytest.raises(ValueError, match=f"do not split into {bad} causal blocks"):
+      attend(q, k, v, allowed, G, bad)
   with pytest.raises(ValueError, match="S == T"):
     attend(q, jnp.concatenate([k, k], 2), jnp.concatenate([v, v], 2),
            jnp.concatenate([allowed, allowed], 2), G, 2)
