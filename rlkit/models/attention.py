@@ -2,7 +2,8 @@
 
 `attend(q, k, v, allowed, group, blocks)` is `softmax(mask(q k^T / sqrt(hd))) v` with float32 scores. With
 blocks=1 its value is exactly that of the plain composition of `einsum`, `where` and `jax.nn.softmax`
-(`masked_probs`, which the decode path shares). Two things make the training step faster:
+(`masked_probs`, which the decode path shares). The queries come block-major, from `query_blocks`
+(`merge_blocks` turns the output into the output projection's input). What makes the training step faster:
 
 - Causal blocks (self-attention over one whole sequence, as in training and scoring): the queries are split
   into `blocks` blocks, and block i attends only to the keys up to its last query. The score blocks above the

@@ -15,9 +15,12 @@ glibc_only = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0
                                 reason="the tunables are glibc's")
 
 
+def _env_without_tunables(**extra):
+  return dict({k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}, **extra)
+
+
 def _run(env_extra):
-  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-  env.update(env_extra, PYTHONPATH=ROOT)
+  env = _env_without_tunables(**env_extra, PYTHONPATH=ROOT)
   return subprocess.run([sys.executable, "-c", SCRIPT, "--flag", "x"], env=env, capture_output=True, text=True,
                         timeout=120)
 
@@ -44,8 +47,7 @@ def test_launch_reruns_itself_and_still_validates_first(tmp_path):
   cmd = [sys.executable, os.path.join(ROOT, "launch.py"), "--tuned_malloc",
          f"--config={os.path.join(ROOT, 'configs', 'grpo_arith.py')}:test", "--config.rl.advantage=grpoo",
          f"--workdir={workdir}"]
-  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-  r = subprocess.run(cmd, cwd=ROOT, env=dict(env, XLA_FLAGS="", JAX_PLATFORMS="cpu"), capture_output=True,
-                     text=True, timeout=120)
+  r = subprocess.run(cmd, cwd=ROOT, env=_env_without_tunables(XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+                     capture_output=True, text=True, timeout=120)
   assert r.returncode == 2 and "grpoo" in r.stderr, r.stderr[-2000:]
   assert not workdir.exists()
