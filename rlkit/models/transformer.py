@@ -157,13 +157,28 @@ def rope_tables(positions: Array, head_dim: int, theta: float, dtype) -> tuple[A
   Computed once per forward and shared by every layer. XLA:CPU would otherwise fuse the sin/cos into each
   layer's q and k consumers and evaluate them there, once per head (0.2 ms per layer per M decode step).
   The sampler computes them for all decode steps before its loop. Inside one forward pass they are computed
-  in a loop over the frequencies: a loop is a fusion boundary (an optimisation barrier is not; XLA removes
-  it before fusing), and the batch and sequence axes, so their sharding, are left untouched.
+  in a loop over the frequencies, which writes each frequency's two columns into [B, T, hd] tables: a loop
+  is a fusion boundary (an optimisation barrier is not; XLA removes it before fusing), and the tables it
+  carries keep their row-major layout. Built as `[hd/2, B, T]` by `lax.map` and moved to the last axis, the
+  tables stayed hd-major in memory and every rope fusion transposed them: the backward's key fusion took
+  3.3 ms per M layer, 2 ms with this layout (M train step 1.022x; sampler unchanged within noise). The
+  batch and sequence axes, so their sharding, are left untouched.
   """
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   angles = positions.astype(jnp.float32)
-  cos, sin = jax.lax.map(lambda f: (jnp.cos(angles * f), jnp.sin(angles * f)), inv_freq)   # [hd/2, B, T]
-  return tuple(jnp.moveaxis(jnp.concatenate([x, x]), 0, -1).astype(dtype) for x in (cos, sin))
+  half = head_dim // 2
+
+  def column(i, tables):
+    a = angles * inv_freq[i]
+    out = []
+    for table, value in zip(tables, (jnp.cos(a), jnp.sin(a))):
+      value = value[..., None].astype(dtype)
+      table = jax.lax.dynamic_update_slice_in_dim(table, value, i, axis=-1)
+      out.append(jax.lax.dynamic_update_slice_in_dim(table, value, i + half, axis=-1))
+    return tuple(out)
+
+  zeros = jnp.zeros(positions.shape + (head_dim,), dtype)
+  return jax.lax.fori_loop(0, half, column, (zeros, zeros))
 
 
 def rope(x: Array, cos: Array, sin: Array) -> Array:
