@@ -126,7 +126,12 @@ def _attend_bwd(group, blocks, res, do):
   # are computed, with the small do and q transposed explicitly (the barrier keeps XLA from folding the
   # transposes back into the dots) and dv^T, dk^T transposed once at the end.
   do_t, q_t = jax.lax.optimization_barrier((jnp.swapaxes(do.astype(dt), 3, 4), jnp.swapaxes(q, 3, 4)))
-  dqs, dk_t, dv_t = [], 0.0, 0.0
+  # Each block adds its keys' gradient into its prefix of dk^T and dv^T in place. Padding each block's
+  # gradient to S and summing the padded copies wrote and read 4 full-size arrays per layer instead (the
+  # profile's pad-add fusions: 18.8 ms per M train step, 6 ms after; the step 1.014x-1.018x, two A/Bs).
+  dqs = []
+  dk_t = jnp.zeros(q_t.shape[1:4] + (s,), jnp.float32)
+  dv_t = jnp.zeros(q_t.shape[1:4] + (s,), jnp.float32)
   for i, ((a, b), p) in enumerate(zip(_spans(t, blocks), ps)):
     end = p.shape[-1]
     dp = _einsum("bkqh,bksh->bkqs", do[i].astype(dt), v[:, :, :end])
@@ -137,9 +142,8 @@ def _attend_bwd(group, blocks, res, do):
     ds = jnp.where(_mask5(allowed[:, a:b, :end]), ds * (1.0 / math.sqrt(hd)), 0.0)
     ds = ds.reshape(nb, kvh, tg, end).astype(dt)
     dqs.append(_einsum("bkqs,bksh->bkqh", ds, k[:, :, :end]))
-    pad = ((0, 0), (0, 0), (0, 0), (0, s - end))
-    dk_t = dk_t + jnp.pad(_einsum("bkhq,bkqs->bkhs", q_t[i], ds), pad)
-    dv_t = dv_t + jnp.pad(_einsum("bkhq,bkqs->bkhs", do_t[i], p.astype(dt)), pad)
+    dk_t = dk_t.at[..., :end].add(_einsum("bkhq,bkqs->bkhs", q_t[i], ds))
+    dv_t = dv_t.at[..., :end].add(_einsum("bkhq,bkqs->bkhs", do_t[i], p.astype(dt)))
   dq = jnp.stack(dqs)
   return dq.astype(q.dtype), jnp.swapaxes(dk_t, 2, 3).astype(k.dtype), jnp.swapaxes(dv_t, 2, 3).astype(dt), None
 
