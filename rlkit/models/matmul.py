@@ -57,9 +57,11 @@ def _bwd(eq, res, dy):
   dx = _einsum(f"{ys},{ws}->{xs}", dy, w)
   # The weight gradient contracts the token axes, with the smaller of x and dy copied so that its token
   # axes are minor. The barrier keeps XLA from folding that transpose back into the dot, where its layout
-  # assignment would pick the operand to copy itself (and picked the larger one). Taking dx through the
-  # same barrier also orders the weight-gradient matmul after the input-gradient one: XLA:CPU's runtime
-  # otherwise runs the two concurrently, each on part of the cores (ordered: M step 1.06x-1.08x faster).
+  # assignment would pick the operand to copy itself (and picked the larger one). dx goes through the
+  # same barrier, which was meant to run the weight-gradient matmul after the input-gradient one. It does
+  # not: XLA:CPU's runtime orders work by data dependencies, and profiles of the M train step (eighth
+  # session) show a layer's two gradient matmuls overlapping, in either order. Together they run faster
+  # than either would alone on both cores (benchmarks/README.md).
   # The token axes are merged into one (left as two contracted axes, the step ran 8% slower); the feature
   # axes are not, so that a sharded feature axis (tensor parallelism) stays sharded in the gradient.
   tok = "".join(c for c in xs if c in ys)
