@@ -3,7 +3,7 @@
 `weight_matmul(eq, x, w)` is `einsum(eq, x, w)` with float32 accumulation; its value is exactly the
 einsum's. Only the backward pass is written out:
 
-  dx = dy w^T, as one 2-D matmul     dw = einsum(x, dy), the smaller of x and dy first copied token-minor
+  dx = einsum(dy, w)          dw = einsum(x, dy), the smaller of x and dy first copied token-minor
 
 Why: XLA:CPU's matmul kernels take the left operand with its contracting axis minor. The weight gradient
 contracts over the token axes, which are major in both `x` and `dy`, so one of them must first be copied
@@ -12,16 +12,10 @@ is `[tokens, 2F]`, six times the size of `x` `[tokens, D]`, about 20 ms per laye
 smaller operand is transposed explicitly, behind an optimization barrier: without it XLA folds the
 transpose back into the dot and picks the operand to copy again. With `swiglu`'s backward (transformer.py)
 this made the M-size train step 1.06x-1.3x faster (benchmarks/README.md).
-
-dx contracts all of w's output features as one merged axis. Left as several axes (the fused q/k/v
-projection's KV, G + 2 and head_dim), XLA's layout assignment reordered them inside the matmul, which
-made it copy both the weight and `dy` into that order; `dy`'s copy also re-summed the q/k/v gradients
-that the weight gradient reads, a second pass over them (M train step 1.014x and 1.034x merged).
 """
 from __future__ import annotations
 
 import functools
-import math
 import string
 
 import jax
@@ -60,6 +54,7 @@ def _bwd(eq, res, dy):
   x, w = res
   (xs, ws), ys = eq.split("->")[0].split(","), eq.split("->")[1]
   dy = dy.astype(x.dtype)
+  dx = _einsum(f"{ys},{ws}->{xs}", dy, w)
   # The weight gradient contracts the token axes, with the smaller of x and dy copied so that its token
   # axes are minor. The barrier keeps XLA from folding that transpose back into the dot, where its layout
   # assignment would pick the operand to copy itself (and picked the larger one). dx goes through the
@@ -73,9 +68,6 @@ def _bwd(eq, res, dy):
   x_in, y_out = "".join(c for c in xs if c in ws), "".join(c for c in ys if c in ws)
   x2, y2 = (jnp.einsum(f"{s}->{tok}{f}", a) for s, f, a in ((xs, x_in, x), (ys, y_out, dy)))
   x2, y2 = (a.reshape((-1,) + a.shape[len(tok):]) for a in (x2, y2))      # [tokens, *features]
-  w2 = jnp.einsum(f"{ws}->{x_in}{y_out}", w).reshape(math.prod(x2.shape[1:]), -1)
-  dx = _einsum("nf,xf->nx", y2.reshape(y2.shape[0], -1), w2)                # [tokens, prod(x features)]
-  dx = jnp.einsum(f"{tok}{x_in}->{xs}", dx.reshape(tuple(x.shape[xs.index(c)] for c in tok) + x2.shape[1:]))
   n = next(c for c in string.ascii_letters if c not in eq)                  # the merged token axis
   if x.size <= dy.size:
     dx, xt = jax.lax.optimization_barrier((dx, jnp.moveaxis(x2, 0, -1)))

@@ -209,7 +209,13 @@ class Attention(nn.Module):
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     kvh, g, hd = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     w_qkv = self.param("qkv", _init, (cfg.hidden_size, kvh, g + 2, hd), pdt)
-    qkv = _dot("btd,dkgh->btkgh", x, w_qkv, dt)
+    # One 2-D matmul over the merged (KV, G + 2, hd) features, like the output projection's. As
+    # "btd,dkgh->btkgh", XLA reordered the three axes inside the input-gradient matmul, which copied the
+    # weight and the q/k/v gradient (summing its three parts a second time) each step (M train step
+    # 1.023x, 12 interleaved rounds). The head axis leads the merged one, so tensor parallelism's split
+    # of the heads carries over (the same collectives as before in a tensor=2 step).
+    b, t = x.shape[:2]
+    qkv = _dot("btd,df->btf", x, w_qkv.reshape(cfg.hidden_size, -1), dt).reshape(b, t, kvh, g + 2, hd)
     if cfg.attention_bias:
       qkv = qkv + self.param("qkv_bias", nn.initializers.zeros, (kvh, g + 2, hd), pdt).astype(dt)
     q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]     # [B,T,KV,G,hd], [B,T,KV,hd] x2
@@ -219,7 +225,6 @@ class Attention(nn.Module):
     q = rope(q, *rope_cs)
     k = rope(k, *rope_cs)
 
-    b, t = x.shape[:2]
     v = v.transpose(0, 2, 1, 3)                                          # [B, KV, T, hd]
     new_kv = None
     s = t if cache_kv is None else cache_kv[0].shape[-1]
