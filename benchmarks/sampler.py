@@ -13,13 +13,19 @@ rlkit's calls and the matmul peak take turns (`_common.interleaved_median_times`
 MFU, compares measurements from the same minutes of this noisy machine.
 
 `--cpu-devices N` (N > 1) runs rlkit's side the way `--config.mesh.cpu_devices=N` runs a job: the CPU is
-split into N XLA devices (`rlkit.parallel.set_cpu_devices`) and the batch is split over a `data` mesh of
-them, with the parameters replicated. The peer is unchanged (one process, 2 intra-op threads). Each JSON
-line records `cpu_devices`.
+split into N XLA devices (`rlkit.parallel.set_cpu_devices`) and generation runs on a mesh
+of them under `jax.set_mesh`, as in a job. `--mesh data` (default) splits the batch over them with the
+parameters replicated; `--mesh tensor` splits the parameters by the default partition rules (attention heads,
+MLP columns/rows, vocabulary) and keeps every row on every device, with two all-reduces per layer. Tensor
+parallelism suits the M model: each core streams half the weights, at 64 rows instead of 32, and runs half
+of each row's attention. The peer is unchanged (one process, 2 intra-op threads). Each JSON line records
+`cpu_devices` and `mesh`.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import sys
@@ -50,20 +56,25 @@ def decode_flops_per_token(cfg: TransformerConfig, context: float) -> float:
   return cfg.num_layers * per_layer + 2 * d * cfg.vocab_size
 
 
-def rlkit_fn(cfg, params, prompt_len: int, new: int, dtype: str):
-  """One `generate` call of rlkit's sampler (compiled and run once here), as a no-argument function."""
+def rlkit_fn(cfg, params, prompt_len: int, new: int, dtype: str, mesh_axis: str = "data"):
+  """One `generate` call of rlkit's sampler (compiled and run once here), as a no-argument function; with
+  several devices, on a mesh of them along `mesh_axis` ("data" or "tensor")."""
   mcfg = cfg.replace(dtype=dtype, param_dtype=dtype)
   model = Transformer(mcfg)
   p = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
   rng = np.random.default_rng(0)
   prompt = jnp.asarray(rng.integers(3, cfg.vocab_size, (BATCH, prompt_len)), jnp.int32)
   mask = jnp.ones_like(prompt, bool)
-  if len(jax.devices()) > 1:   # --cpu-devices: batch split over a data mesh, parameters replicated
-    mesh = make_mesh({"data": -1})
+  mesh = None
+  if len(jax.devices()) > 1:   # --cpu-devices: a `mesh_axis` mesh of the devices
+    mesh = make_mesh({mesh_axis: -1})
     p, (prompt, mask) = shard_params(p, mesh), shard_batch((prompt, mask), mesh)
   sc = SamplingConfig(max_new_tokens=new, temperature=1.0)
   key = jax.random.key(0)
-  run = lambda: generate(model, p, prompt, mask, key, sc).response.block_until_ready()  # noqa: E731
+
+  def run():
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+      generate(model, p, prompt, mask, key, sc).response.block_until_ready()
   run()
   return run
 
@@ -87,7 +98,7 @@ def torch_fn(folder: str, prompt_len: int, new: int, dtype: str, vocab: int):
   return run
 
 
-def bench_size(name: str, reps: int) -> dict:
+def bench_size(name: str, reps: int, mesh_axis: str = "data") -> dict:
   """Times every side of one size in the same rounds (`interleaved_median_times`): the peer's and rlkit's
   generate calls, and the matmul peaks that the decode MFU divides by."""
   cfg = SIZES[name]
@@ -98,23 +109,25 @@ def bench_size(name: str, reps: int) -> dict:
     hf.save(folder, cfg, params, model_type="qwen3")
     fns = {"peer": torch_fn(folder, PROMPT, NEW, "float32", cfg.vocab_size),
            "peer_bf16": torch_fn(folder, PROMPT, NEW, "bfloat16", cfg.vocab_size)}
-  fns["ours"] = rlkit_fn(cfg, params, PROMPT, NEW, "float32")
-  fns["ours_bf16"] = rlkit_fn(cfg, params, PROMPT, NEW, "bfloat16")
+  ours = functools.partial(rlkit_fn, cfg, params, mesh_axis=mesh_axis)
+  fns["ours"] = ours(PROMPT, NEW, "float32")
+  fns["ours_bf16"] = ours(PROMPT, NEW, "bfloat16")
   # Decode-only throughput: subtract the prefill + first step (a 1-token run) from the full run.
-  fns["ours_1"] = rlkit_fn(cfg, params, PROMPT, 1, "float32")
+  fns["ours_1"] = ours(PROMPT, 1, "float32")
   fns["peak"], peak_flops = matmul_fn(jnp.float32)
   fns["peak_bf16"], _ = matmul_fn(jnp.bfloat16)
   t = interleaved_median_times(fns, reps)
   # Prompt 512 against prompt 16 is rlkit's own ratio, so its (slow, prefill-heavy) calls take turns
   # only with each other.
-  t.update(interleaved_median_times({"long_1": rlkit_fn(cfg, params, 512, 1, "float32"),
-                                     "long": rlkit_fn(cfg, params, 512, NEW, "float32")}, reps))
+  t.update(interleaved_median_times({"long_1": ours(512, 1, "float32"), "long": ours(512, NEW, "float32")},
+                                    reps))
   decode_short = BATCH * (NEW - 1) / (t["ours"] - t["ours_1"])
   decode_long = BATCH * (NEW - 1) / (t["long"] - t["long_1"])
   flops = decode_flops_per_token(cfg, PROMPT + NEW / 2) * decode_short
   peak_f32, peak_bf16 = peak_flops / t["peak"], peak_flops / t["peak_bf16"]
   return {
-      "benchmark": "sampler", "size": name, "cpu_devices": len(jax.devices()), "params": num_params(params),
+      "benchmark": "sampler", "size": name, "cpu_devices": len(jax.devices()),
+      "mesh": mesh_axis if len(jax.devices()) > 1 else None, "params": num_params(params),
       "batch": BATCH, "prompt": PROMPT, "new_tokens": NEW, "reps": reps, "commit": commit(), "jax": jax.__version__,
       "tokens_per_s": round(tokens / t["ours"], 1), "peer_tokens_per_s": round(tokens / t["peer"], 1),
       "speedup_vs_peer": round(t["peer"] / t["ours"], 3),
@@ -134,13 +147,15 @@ def main():
   parser.add_argument("--sizes", default="S,M")
   parser.add_argument("--reps", type=int, default=None, help="timed runs per measurement (default S 10, M 3)")
   parser.add_argument("--cpu-devices", type=int, default=1,
-                      help="split the CPU into N XLA devices and rlkit's batch over them (default 1: one device)")
+                      help="split the CPU into N XLA devices (default 1: one device)")
+  parser.add_argument("--mesh", choices=("data", "tensor"), default="data",
+                      help="with --cpu-devices: split the batch (data) or the parameters (tensor) over them")
   args = parser.parse_args()
   if args.cpu_devices > 1:
     set_cpu_devices(args.cpu_devices)
   for name in args.sizes.split(","):
     reps = args.reps or {"S": 10}.get(name, 3)
-    print(json.dumps(bench_size(name, reps)), flush=True)
+    print(json.dumps(bench_size(name, reps, args.mesh)), flush=True)
 
 
 if __name__ == "__main__":
