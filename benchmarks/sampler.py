@@ -13,10 +13,10 @@ rlkit's calls and the matmul peak take turns (`_common.interleaved_median_times`
 MFU, compares measurements from the same minutes of this noisy machine.
 
 `--cpu-devices N` (N > 1) runs rlkit's side the way `--config.mesh.cpu_devices=N` runs a job: the CPU is
-split into N XLA devices (`rlkit.parallel.set_cpu_devices`) and generation runs on a mesh
-of them under `jax.set_mesh`, as in a job. `--mesh data` (default) splits the batch over them with the
-parameters replicated; `--mesh tensor` splits the parameters by the default partition rules (attention heads,
-MLP columns/rows, vocabulary) and keeps every row on every device, with two all-reduces per layer. Tensor
+split into N XLA devices (`rlkit.parallel.set_cpu_devices`) and generation runs on a mesh of them, under
+`jax.set_mesh` as in a job. `--mesh data` (default) splits the batch over them with the parameters
+replicated; `--mesh tensor` splits the parameters by the default partition rules (attention heads, MLP
+columns/rows, vocabulary) and keeps every row on every device, with two all-reduces per layer. Tensor
 parallelism suits the M model: each core streams half the weights, at 64 rows instead of 32, and runs half
 of each row's attention. The peer is unchanged (one process, 2 intra-op threads). Each JSON line records
 `cpu_devices` and `mesh`.
@@ -127,8 +127,8 @@ def bench_size(name: str, reps: int, mesh_axis: str = "data") -> dict:
   peak_f32, peak_bf16 = peak_flops / t["peak"], peak_flops / t["peak_bf16"]
   return {
       "benchmark": "sampler", "size": name, "cpu_devices": len(jax.devices()),
-      "mesh": mesh_axis if len(jax.devices()) > 1 else None, "params": num_params(params),
-      "batch": BATCH, "prompt": PROMPT, "new_tokens": NEW, "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "mesh": mesh_axis if len(jax.devices()) > 1 else None, "params": num_params(params), "batch": BATCH,
+      "prompt": PROMPT, "new_tokens": NEW, "reps": reps, "commit": commit(), "jax": jax.__version__,
       "tokens_per_s": round(tokens / t["ours"], 1), "peer_tokens_per_s": round(tokens / t["peer"], 1),
       "speedup_vs_peer": round(t["peer"] / t["ours"], 3),
       "bf16_tokens_per_s": round(tokens / t["ours_bf16"], 1),
