@@ -151,6 +151,8 @@ def main():
   parser.add_argument("--mesh", choices=("data", "tensor"), default="data",
                       help="with --cpu-devices: split the batch (data) or the parameters (tensor) over them")
   args = parser.parse_args()
+  if args.mesh == "tensor" and args.cpu_devices < 2:
+    parser.error("--mesh tensor splits the parameters over XLA devices; add --cpu-devices 2 (or more).")
   if args.cpu_devices > 1:
     set_cpu_devices(args.cpu_devices)
   for name in args.sizes.split(","):
