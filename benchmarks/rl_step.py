@@ -17,14 +17,16 @@ Prints two JSON lines:
     `transformers.Qwen3ForCausalLM` with the same weights (via `hf.save` + `from_pretrained`), eager
     forward + `labels=` loss + backward + `torch.optim.AdamW(fused=True)`, 2 threads. In f32, and in bf16
     compute with f32 master weights on both sides (`TransformerConfig(dtype="bfloat16")` vs
-    `torch.autocast("cpu", torch.bfloat16)`). `update_speedup_vs_torch` = torch step time / ours.
+    `torch.autocast("cpu", torch.bfloat16)`). `update_speedup_vs_torch` = torch step time / ours. Our step
+    runs twice: with `attention="xla"` (unprefixed keys) and with `attention="cpu_kernel"` (`kernel_` keys;
+    the C++ attention kernel of `kernels/cpu_attention.py`).
     The first (warm-up) step's loss of each side is reported: same weights and tokens give the same loss.
 
   python benchmarks/rl_step.py [--reps 10] [--update-reps 5] [--quick]
 
-Timings are medians over the reps after one warm-up. In (b) the four steps (ours and torch, f32 and bf16)
+Timings are medians over the reps after one warm-up. In (b) the six steps (ours twice and torch, f32 and bf16)
 take turns, two steps each per round with the second one timed (`_common.interleaved_median_times`), so
-all four see the same spells of a noisy machine. `--quick` (a smoke test): 3 iteration reps, 1 update
+all six see the same spells of a noisy machine. `--quick` (a smoke test): 3 iteration reps, 1 update
 rep, and batch 2 x 128 in (b).
 """
 from __future__ import annotations
@@ -199,25 +201,29 @@ def bench_update(reps: int, batch: int, seq: int) -> dict:
     hf.save(folder, cfg, params, model_type="qwen3")
     sides = {"peer": torch_update(folder, tokens, bf16=False),
              "peer_bf16": torch_update(folder, tokens, bf16=True)}
-  sides["ours"] = ours_update(cfg, params, tokens)
-  sides["ours_bf16"] = ours_update(cfg.replace(dtype="bfloat16"), params, tokens)
+  for att, prefix in (("xla", ""), ("cpu_kernel", "kernel_")):
+    sides[f"{prefix}ours"] = ours_update(cfg.replace(attention=att), params, tokens)
+    sides[f"{prefix}ours_bf16"] = ours_update(cfg.replace(dtype="bfloat16", attention=att), params, tokens)
   times = interleaved_median_times({name: run for name, (run, _) in sides.items()}, reps)
-  t_peer, t_peer_bf16, t_ours, t_ours_bf16 = (times[k] for k in ("peer", "peer_bf16", "ours", "ours_bf16"))
-  loss_peer, loss_peer_bf16, loss_ours, loss_ours_bf16 = (sides[k][1][0]   # each side's warm-up loss
-                                                          for k in ("peer", "peer_bf16", "ours", "ours_bf16"))
+  loss = {name: losses[0] for name, (_, losses) in sides.items()}     # each side's warm-up loss
   n = batch * seq
-  return {
+  result = {
       "benchmark": "rl_step", "part": "update_vs_torch", "size": "M", "params": num_params(params),
       "batch": batch, "seq": seq, "reps": reps, "commit": commit(), "jax": jax.__version__,
       "tuned_malloc": tuned_malloc_active(),
       "ours": "make_sft_step+optax.adamw", "peer": "transformers Qwen3ForCausalLM eager+torch AdamW(fused)",
-      "update_tokens_per_s": round(n / t_ours, 1), "peer_tokens_per_s": round(n / t_peer, 1),
-      "update_speedup_vs_torch": round(t_peer / t_ours, 3),
-      "bf16_update_tokens_per_s": round(n / t_ours_bf16, 1), "peer_bf16_tokens_per_s": round(n / t_peer_bf16, 1),
-      "bf16_update_speedup_vs_torch": round(t_peer_bf16 / t_ours_bf16, 3),
-      "loss": round(loss_ours, 4), "peer_loss": round(loss_peer, 4),
-      "bf16_loss": round(loss_ours_bf16, 4), "peer_bf16_loss": round(loss_peer_bf16, 4),
+      "peer_tokens_per_s": round(n / times["peer"], 1),
+      "peer_bf16_tokens_per_s": round(n / times["peer_bf16"], 1),
   }
+  # Unprefixed: model.attention="xla"; kernel_: "cpu_kernel" (kernels/cpu_attention.py).
+  for prefix in ("", "kernel_"):
+    for dt in ("", "bf16_"):
+      ours, peer = times[f"{prefix}ours" + ("_bf16" if dt else "")], times["peer" + ("_bf16" if dt else "")]
+      result[f"{prefix}{dt}update_tokens_per_s"] = round(n / ours, 1)
+      result[f"{prefix}{dt}update_speedup_vs_torch"] = round(peer / ours, 3)
+      result[f"{prefix}{dt}loss"] = round(loss[f"{prefix}ours" + ("_bf16" if dt else "")], 4)
+  result.update(peer_loss=round(loss["peer"], 4), peer_bf16_loss=round(loss["peer_bf16"], 4))
+  return result
 
 
 def main():

@@ -271,12 +271,12 @@ def _ignorable(name: str, cfg: TransformerConfig) -> bool:
   return name.endswith("rotary_emb.inv_freq") or (cfg.tie_word_embeddings and name == "lm_head.weight")
 
 
-def load(path: Union[str, os.PathLike], dtype: Any = None, param_dtype: Any = None
+def load(path: Union[str, os.PathLike], dtype: Any = None, param_dtype: Any = None, attention: str = "xla"
          ) -> tuple[Transformer, dict]:
   """`(Transformer(cfg), params)` from a HF checkpoint folder (config.json + safetensors, sharded or not).
 
   `param_dtype` defaults to the checkpoint's `dtype` (`torch_dtype`) when it is float32/bfloat16/float16,
-  else float32; `dtype` (compute) defaults to `param_dtype`.
+  else float32; `dtype` (compute) defaults to `param_dtype`. `attention`: `TransformerConfig.attention`.
   """
   path = Path(path)
   if not (path / "config.json").exists():
@@ -286,7 +286,8 @@ def load(path: Union[str, os.PathLike], dtype: Any = None, param_dtype: Any = No
   file_dtype = hf.get("dtype", hf.get("torch_dtype"))
   param_dtype = param_dtype or (file_dtype if file_dtype in _FILE_DTYPES else "float32")
   param_dtype = jnp.dtype(as_dtype(param_dtype)).name
-  cfg = cfg.replace(param_dtype=param_dtype, dtype=jnp.dtype(as_dtype(dtype or param_dtype)).name)
+  cfg = cfg.replace(param_dtype=param_dtype, dtype=jnp.dtype(as_dtype(dtype or param_dtype)).name,
+                    attention=attention)
 
   weight_map = _weight_map(path)
   used: set[str] = set()

@@ -48,6 +48,9 @@ def as_dtype(name_or_dtype: Any) -> Any:
   return name_or_dtype
 
 
+ATTENTION_IMPLS = ("xla", "cpu_kernel")
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """Hyper-parameters of a Qwen3-style decoder; field names follow rlkit, `hf.py` maps HF's names."""
@@ -72,6 +75,10 @@ class TransformerConfig:
   mlp_only_layers: tuple[int, ...] = ()
   param_dtype: str = "float32"
   dtype: str = "float32"          # compute dtype of activations and matmul inputs
+  # Self-attention over whole sequences (training, scoring): "xla" (`attention.attend`) or "cpu_kernel"
+  # (`kernels/cpu_attention.py`, a C++ kernel for XLA:CPU, built on first use; head_dim % 16 == 0).
+  # Decoding with a KV cache always runs the XLA path.
+  attention: str = "xla"
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -80,6 +87,11 @@ class TransformerConfig:
       raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts="
                        f"{self.num_experts}] for a MoE model.")
     as_dtype(self.param_dtype), as_dtype(self.dtype)
+    if self.attention not in ATTENTION_IMPLS:
+      raise ValueError(f"Unknown attention={self.attention!r}; use one of {list(ATTENTION_IMPLS)}.")
+    if self.attention == "cpu_kernel" and self.head_dim % 16:
+      raise ValueError(f"attention='cpu_kernel' needs head_dim % 16 == 0, got head_dim={self.head_dim}; "
+                       f"use attention='xla'.")
 
   @property
   def q_per_kv(self) -> int:
@@ -225,7 +237,6 @@ class Attention(nn.Module):
     q = rope(q, *rope_cs)
     k = rope(k, *rope_cs)
 
-    v = v.transpose(0, 2, 1, 3)                                          # [B, KV, T, hd]
     new_kv = None
     s = t if cache_kv is None else cache_kv[0].shape[-1]
     causal = jnp.arange(s)[None, :] <= q_slots[:, None]                 # [T, S]
@@ -233,10 +244,13 @@ class Attention(nn.Module):
     # The output projection is a plain 2-D matmul over the merged (KV, G, hd) axis, with `out` moved to
     # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
     # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
-    if cache_kv is None:
+    if cache_kv is None and cfg.attention == "cpu_kernel":
+      from kernels.cpu_attention import cpu_attention     # built on first use: imported only when asked for
+      out = cpu_attention(q, k, v, allowed, True).reshape(b, t, kvh * g * hd)
+    elif cache_kv is None:
       nb = causal_blocks(t)
-      out = merge_blocks(attend(query_blocks(q, nb), k.transpose(0, 2, 1, 3).astype(dt), v.astype(dt),
-                                allowed, g, nb), g)
+      out = merge_blocks(attend(query_blocks(q, nb), k.transpose(0, 2, 1, 3).astype(dt),
+                                v.transpose(0, 2, 1, 3).astype(dt), allowed, g, nb), g)
     else:
       qh = q.transpose(0, 2, 1, 3, 4).reshape(b, kvh, t * g, hd)         # queries of a KV head: (t, g) rows
       # The cache keeps keys transposed, [B, KV, hd, S], and values as [B, KV, S, hd]: both attention
@@ -245,7 +259,7 @@ class Attention(nn.Module):
       k_cache, v_cache, index = cache_kv
       k = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, index))
       scores = jnp.einsum("bkqh,bkhs->bkqs", qh, k.astype(dt), preferred_element_type=jnp.float32)
-      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, 0, index, 0))
+      v = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, index, 0))
       new_kv = (k, v)
       probs = masked_probs(scores, allowed, g, hd)
       out = jnp.einsum("bkqs,bksh->bkqh", probs.astype(dt), v.astype(dt), preferred_element_type=jnp.float32)

@@ -32,6 +32,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   c.moe_intermediate_size = 0   # expert SwiGLU width (MoE)
   c.param_dtype = "float32"     # parameter (master weight) dtype
   c.dtype = "float32"           # compute dtype: float32 | bfloat16
+  c.attention = "xla"           # training/scoring attention: xla | cpu_kernel (C++ kernel for XLA:CPU, g++)
   return c
 
 
@@ -202,6 +203,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for dt_key in ("param_dtype", "dtype"):
     if config.model[dt_key] not in ("float32", "bfloat16"):
       raise ConfigError(f"model.{dt_key}={config.model[dt_key]!r}; choose float32 or bfloat16.")
+  from rlkit.models.transformer import ATTENTION_IMPLS
+  if config.model.attention not in ATTENTION_IMPLS:
+    raise ConfigError(f"model.attention={config.model.attention!r}; choose one of "
+                      f"{', '.join(ATTENTION_IMPLS)}.")
+  if config.model.attention == "cpu_kernel" and not config.model.hf_path and config.model.head_dim % 16:
+    raise ConfigError(f"model.attention='cpu_kernel' needs model.head_dim % 16 == 0 (got "
+                      f"{config.model.head_dim}); use model.attention='xla'.")
   if config.mesh.cpu_devices < 0:
     raise ConfigError(f"mesh.cpu_devices={config.mesh.cpu_devices} must be >= 0 (0 keeps JAX's default).")
   for name in stages:

@@ -55,7 +55,7 @@ def build_model(config, tokenizer, key, mesh):
   m = config.model
   if m.hf_path:
     from rlkit.models import hf
-    module, params = hf.load(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype)
+    module, params = hf.load(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, attention=m.attention)
     return module, shard_params(params, mesh)
   vocab = m.vocab_size or tokenizer.vocab_size
   if vocab < tokenizer.vocab_size:
@@ -65,7 +65,8 @@ def build_model(config, tokenizer, key, mesh):
       num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
       rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_word_embeddings=m.tie_word_embeddings,
       num_experts=m.num_experts, num_experts_per_tok=m.num_experts_per_tok,
-      moe_intermediate_size=m.moe_intermediate_size, param_dtype=m.param_dtype, dtype=m.dtype)
+      moe_intermediate_size=m.moe_intermediate_size, param_dtype=m.param_dtype, dtype=m.dtype,
+      attention=m.attention)
   module = Transformer(cfg)
   init = lambda k: module.init(k, np.zeros((1, 1), np.int32))["params"]  # noqa: E731
   return module, sharded_init(init, key, mesh)
