@@ -1,17 +1,25 @@
-"""Causal/masked softmax attention for XLA:CPU as a C++ kernel (`kernels/cpu/attention.cc`) behind the XLA FFI.
+"""Qwen3 self-attention for XLA:CPU as a C++ kernel (`kernels/cpu/attention.cc`) behind the XLA FFI.
 
-`cpu_attention(q, k, v, allowed, causal)` computes
+`cpu_attention(qkv, allowed, cos, sin, norm_scales, eps, causal)` takes the fused q/k/v projection as the
+model's matmul writes it, [B, T, KV, G + 2, hd] (G query heads, then the key and the value of each KV head),
+and computes, in float32,
 
-    o = softmax(mask(q k^T / sqrt(hd))) v      over grouped query heads, float32 scores
+    q, k = rope(norm(q)), rope(norm(k))         norm: per-head RMSNorm times its scale (Qwen3; skipped when
+                                                norm_scales is None, as in Qwen2/Llama); rope: rotate-half
+    o = softmax(mask(q k^T / sqrt(hd))) v       [B, T, KV, G, hd]
 
-with a `jax.custom_vjp` whose backward pass is a second kernel (FlashAttention's: probabilities recomputed
-from the saved log-sum-exp, ds = p * (dp - rowsum(do * o))).
+with a `jax.custom_vjp` whose backward pass is a second kernel (FlashAttention's: probabilities recomputed from
+the saved log-sum-exp, ds = p * (dp - rowsum(do * o))), returning the gradients of qkv and of the norm scales.
+`cpu_attention_reference` is the spec in plain jnp (the maths of `rlkit.models.transformer.Attention`'s XLA
+path); tests compare the two.
 
 Why C++ rather than Pallas: Pallas only interprets on CPU. XLA:CPU itself runs attention's many small batched
-products through per-product Eigen calls at 60-130 GFLOP/s (the model's weight matmuls: 290-345), with the
-scores written to memory between fusions. The kernel keeps one (batch row, KV head) pair's scores in L2 and
-runs its products through one register-blocked micro-kernel at 150-200 GFLOP/s per core. M size, 8 x 256
-tokens, one layer's forward plus backward: about 2.5x faster than `attend` (see `benchmarks/README.md`).
+products through per-product calls at 60-130 GFLOP/s (the model's weight matmuls: 290-345), with the scores
+written to memory between fusions, and it spends separate passes over q and k on the slices, the norm and the
+rope (about 60 ms of the M train step's forward). The kernel takes one (batch row, KV head) pair at a time:
+it normalises and rotates that pair's rows into L1-sized scratch, keeps its scores in L2, and runs its
+products through one register-blocked micro-kernel at 150-200 GFLOP/s per core. M train step (8 x 256
+tokens): 1.08x-1.10x faster than the XLA path (`benchmarks/README.md`).
 
 Building: the first call compiles the source with the C++ compiler (`$CXX`, default `g++`, flags
 `-O3 -march=native`) into `$RLKIT_KERNEL_CACHE` (default `~/.cache/rlkit/kernels`), keyed by a hash of the
@@ -19,16 +27,13 @@ source, the flags, jaxlib's version and this CPU's feature flags; the library ap
 rename, so concurrent builds cannot leave a half-written file. Without a compiler the call raises, naming
 the fix (install g++, or use `model.attention = "xla"`). Nothing falls back silently.
 
-Layouts are the model's own, so that XLA transposes nothing around the call: q [B, T, KV, G, hd], k and v
-[B, S, KV, hd], allowed [B, T, S] bool; o [B, T, KV, G, hd] float32. Any float dtype in; the kernel computes in float32 and returns gradients in the
-inputs' dtypes. hd must be a multiple of 16. `causal=True` promises query t never attends past slot t
-(self-attention over one sequence, S == T) and skips the score blocks above the diagonal. A query row with no
-allowed key is uniform over the keys it considers (all S; slots <= t when causal) and passes no gradient to
-q or k. Under a multi-device mesh (`jax.set_mesh`) the call runs per device through `jax.shard_map`: the
-batch split over ("data", "fsdp") and the KV heads over "tensor", as `rlkit.parallel.rules` lays them out.
-
-`cpu_attention_reference` is the spec (plain jnp, the same maths as `rlkit.models.attention.attend` with one
-block); tests compare the two.
+Inputs of any float dtype are computed in float32; the gradients come back in the inputs' dtypes. hd must be
+a multiple of 32. `allowed` [B, T, T] bool says which key slot each query may attend to; `causal=True`
+promises that query t never attends past slot t, and the products skip the score blocks above the
+diagonal. A query with no allowed key is uniform over the keys it considers (all T; slots <= t when causal)
+and passes no gradient to q or k. Under a multi-device mesh (`jax.set_mesh`) the call runs per device through
+`jax.shard_map`: the batch split over ("data", "fsdp") and the KV heads over "tensor", as
+`rlkit.parallel.rules` lays them out.
 """
 from __future__ import annotations
 
@@ -97,87 +102,130 @@ def _register() -> None:
   jax.ffi.register_ffi_target(_BWD, jax.ffi.pycapsule(lib.RlkitAttentionBackward), platform="cpu")
 
 
-def _check(q: Array, k: Array, v: Array, allowed: Array, causal: bool) -> None:
-  b, t, kvh, _, hd = q.shape
-  s = k.shape[1]
-  if k.shape != (b, s, kvh, hd) or v.shape != k.shape or allowed.shape != (b, t, s):
-    raise ValueError(f"cpu_attention: q {q.shape}, k {k.shape}, v {v.shape} and allowed {allowed.shape} do not "
-                     f"fit q [B, T, KV, G, hd], k, v [B, S, KV, hd], allowed [B, T, S].")
-  if hd % 16:
-    raise ValueError(f"cpu_attention: head_dim {hd} is not a multiple of 16; use model.attention='xla'.")
-  if causal and s != t:
-    raise ValueError(f"cpu_attention: causal=True needs S == T (self-attention), got S={s}, T={t}.")
+def _check(qkv: Array, allowed: Array, cos: Array, sin: Array, norm_scales) -> None:
+  if qkv.ndim != 5 or qkv.shape[3] < 3:
+    raise ValueError(f"cpu_attention: qkv {qkv.shape} is not [B, T, KV, G + 2, hd] (G >= 1 query heads, then "
+                     f"the key and the value of each KV head).")
+  b, t, _, _, hd = qkv.shape
+  if hd % 32:
+    raise ValueError(f"cpu_attention: head_dim {hd} is not a multiple of 32; use model.attention='xla'.")
+  if allowed.shape != (b, t, t) or cos.shape != (b, t, hd) or sin.shape != cos.shape:
+    raise ValueError(f"cpu_attention: allowed {allowed.shape}, cos {cos.shape} and sin {sin.shape} do not fit "
+                     f"qkv {qkv.shape}: expected allowed [B, T, T] and rope tables [B, T, hd].")
+  if norm_scales is not None and any(x.shape != (hd,) for x in norm_scales):
+    raise ValueError(f"cpu_attention: norm scales {[x.shape for x in norm_scales]} are not [hd] = [{hd}].")
 
 
-def _per_device(fn, n_in: int, n_out: int, kv_heads: int, batch: int):
-  """fn on one device; under a multi-device mesh, fn on each device's shard (`jax.shard_map`): the batch
-  (axis 0 of every operand) over the batch axes and the KV heads (axis 2) over "tensor", each only where
-  the mesh has the axis and its size divides. The mask (the last input) has no head axis."""
+def _per_device(fn, specs_in, specs_out):
+  """fn on one device; under a multi-device mesh, fn on each device's shard (`jax.shard_map`). The specs
+  are functions of (rows, heads): the batch axes' names, or None, and "tensor", or None."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return fn
+    return lambda *a: fn(*a)
+  return lambda *a: _sharded(fn, specs_in, specs_out, mesh, a)
+
+
+def _sharded(fn, specs_in, specs_out, mesh, args):
+  """Each axis is split only where the mesh has it and it divides: the batch (axis 0 of qkv) over the batch
+  axes, the KV heads (axis 2 of qkv) over "tensor", as `rlkit.parallel.rules` lays them out."""
+  batch, kv_heads = args[0].shape[0], args[0].shape[2]
   names = dict(zip(mesh.axis_names, mesh.axis_sizes))
   rows = tuple(a for a in BATCH_AXES if names.get(a, 1) > 1)
   rows = rows if rows and batch % math.prod(names[a] for a in rows) == 0 else None
   heads = "tensor" if names.get("tensor", 1) > 1 and kv_heads % names["tensor"] == 0 else None
-  split = P(rows, None, heads)
-  return jax.shard_map(fn, in_specs=(split,) * (n_in - 1) + (P(rows),), out_specs=(split,) * n_out)
+  return jax.shard_map(fn, in_specs=tuple(f(rows, heads) for f in specs_in),
+                       out_specs=tuple(f(rows, heads) for f in specs_out))(*args)
 
 
-def _forward(q, k, v, allowed, causal):
+# shard_map specs, as functions of (rows, heads), of the kernels' operands.
+_HEADS = lambda r, h: P(r, None, h)       # noqa: E731  qkv, o, do, dqkv: [B, T, KV, ...]
+_ROWS = lambda r, h: P(r)                 # noqa: E731  allowed, cos, sin: [B, T, ...]
+_PAIRS = lambda r, h: P(r, h)             # noqa: E731  lse [B, KV, G, T], scale parts [B, KV, hd]
+_SAME = lambda r, h: P()                  # noqa: E731  norm scales [hd]
+
+
+def _operands(qkv, allowed, cos, sin, norm_scales):
+  hd = qkv.shape[-1]
+  f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+  scales = norm_scales if norm_scales is not None else (jnp.ones(hd), jnp.ones(hd))
+  return (f32(qkv), f32(scales[0]), f32(scales[1]), f32(cos), f32(sin), allowed.astype(jnp.uint8))
+
+
+def _attrs(causal, norm_scales, eps):
+  return dict(causal=np.int32(causal), qk_norm=np.int32(norm_scales is not None), eps=np.float32(eps))
+
+
+def _forward(qkv, allowed, cos, sin, norm_scales, eps, causal):
   _register()
+  b, t, kvh, g2, hd = qkv.shape
 
-  def call(q, k, v, allowed):
-    b, t, kvh, g, _ = q.shape
-    return jax.ffi.ffi_call(_FWD, (jax.ShapeDtypeStruct(q.shape, jnp.float32),
-                                   jax.ShapeDtypeStruct((b, kvh, g, t), jnp.float32)))(
-        q, k, v, allowed, causal=np.int32(causal))
+  def call(*operands):
+    shapes = (jax.ShapeDtypeStruct(operands[0].shape[:3] + (g2 - 2, hd), jnp.float32),
+              jax.ShapeDtypeStruct((operands[0].shape[0], operands[0].shape[2], g2 - 2, t), jnp.float32))
+    return jax.ffi.ffi_call(_FWD, shapes)(*operands, **_attrs(causal, norm_scales, eps))
 
-  # lse [B, KV, G, T] has its heads on axis 1: moved to axis 2 for the shard_map specs and back.
-  def call_split(q, k, v, allowed):
-    o, lse = call(q, k, v, allowed)
-    return o, lse.transpose(0, 2, 1, 3)
-
-  f = _per_device(call_split, 4, 2, q.shape[2], q.shape[0])
-  f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
-  o, lse = f(f32(q), f32(k), f32(v), allowed.astype(jnp.uint8))
-  return o, lse
+  f = _per_device(call, (_HEADS, _SAME, _SAME, _ROWS, _ROWS, _ROWS), (_HEADS, _PAIRS))
+  return f(*_operands(qkv, allowed, cos, sin, norm_scales))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def cpu_attention(q: Array, k: Array, v: Array, allowed: Array, causal: bool = False) -> Array:
-  """Masked softmax attention output [B, T, KV, G, hd] (float32); see the module docstring."""
-  _check(q, k, v, allowed, causal)
-  return _forward(q, k, v, allowed, causal)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def cpu_attention(qkv: Array, allowed: Array, cos: Array, sin: Array, norm_scales, eps: float = 1e-6,
+                  causal: bool = False) -> Array:
+  """Attention output [B, T, KV, G, hd] (float32) of the fused projection qkv; see the module docstring.
+
+  norm_scales: (q_scale, k_scale), each [hd], for Qwen3's per-head RMSNorm; None: no norm (Qwen2/Llama).
+  """
+  _check(qkv, allowed, cos, sin, norm_scales)
+  return _forward(qkv, allowed, cos, sin, norm_scales, eps, causal)[0]
 
 
-def _fwd(q, k, v, allowed, causal):
-  _check(q, k, v, allowed, causal)
-  o, lse = _forward(q, k, v, allowed, causal)
-  return o, (q, k, v, allowed, o, lse)
+def _fwd(qkv, allowed, cos, sin, norm_scales, eps, causal):
+  _check(qkv, allowed, cos, sin, norm_scales)
+  o, lse = _forward(qkv, allowed, cos, sin, norm_scales, eps, causal)
+  return o, (qkv, allowed, cos, sin, norm_scales, o, lse)
 
 
-def _bwd(causal, res, do):
-  q, k, v, allowed, o, lse = res
+def _bwd(eps, causal, res, do):
+  qkv, allowed, cos, sin, norm_scales, o, lse = res
 
-  def call(q, k, v, o, lse, do, allowed):
-    shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, v))
-    return jax.ffi.ffi_call(_BWD, shapes)(q, k, v, allowed, o, lse.transpose(0, 2, 1, 3), do,
-                                          causal=np.int32(causal))
+  def call(*operands):
+    q = operands[0]
+    pairs = jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[-1]), jnp.float32)
+    shapes = (jax.ShapeDtypeStruct(q.shape, jnp.float32), pairs, pairs)
+    return jax.ffi.ffi_call(_BWD, shapes)(*operands, **_attrs(causal, norm_scales, eps))
 
-  f = _per_device(call, 7, 3, q.shape[2], q.shape[0])
-  f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
-  dq, dk, dv = f(f32(q), f32(k), f32(v), o, lse, f32(do), allowed.astype(jnp.uint8))
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+  specs_in = (_HEADS, _SAME, _SAME, _ROWS, _ROWS, _ROWS, _HEADS, _PAIRS, _HEADS)
+  f = _per_device(call, specs_in, (_HEADS, _PAIRS, _PAIRS))
+  dqkv, dq_scale, dk_scale = f(*_operands(qkv, allowed, cos, sin, norm_scales), o, lse,
+                               do.astype(jnp.float32))
+  d_scales = None
+  if norm_scales is not None:
+    d_scales = tuple(d.sum((0, 1)).astype(x.dtype) for d, x in zip((dq_scale, dk_scale), norm_scales))
+  return dqkv.astype(qkv.dtype), None, None, None, d_scales
 
 
 cpu_attention.defvjp(_fwd, _bwd)
 
 
-def cpu_attention_reference(q: Array, k: Array, v: Array, allowed: Array) -> Array:
-  """The spec: float32 softmax of q k^T / sqrt(hd) with float32's minimum on disallowed slots (a row with
-  none allowed is uniform over all S), times v. Same layouts as `cpu_attention`."""
-  f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
-  scores = jnp.einsum("btkgh,bskh->bkgts", f32(q), f32(k)) / math.sqrt(q.shape[-1])
+def cpu_attention_reference(qkv: Array, allowed: Array, cos: Array, sin: Array, norm_scales,
+                            eps: float = 1e-6) -> Array:
+  """The spec, in float32: q, k = rope(norm(q)), rope(norm(k)) (norm: RMSNorm times its scale, skipped when
+  norm_scales is None); then softmax of q k^T / sqrt(hd) with float32's minimum on disallowed slots (a row
+  with none allowed is uniform over all T), times v."""
+  qkv = qkv.astype(jnp.float32)
+  g, hd = qkv.shape[3] - 2, qkv.shape[-1]
+  q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]
+
+  def prep(x, scale, shape):
+    if norm_scales is not None:
+      x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale.astype(jnp.float32)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    c, s = cos.reshape(shape).astype(jnp.float32), sin.reshape(shape).astype(jnp.float32)
+    return x * c + jnp.concatenate([-x2, x1], axis=-1) * s
+
+  scales = norm_scales if norm_scales is not None else (None, None)
+  b, t = qkv.shape[:2]
+  q, k = prep(q, scales[0], (b, t, 1, 1, hd)), prep(k, scales[1], (b, t, 1, hd))
+  scores = jnp.einsum("btkgh,bskh->bkgts", q, k) / math.sqrt(hd)
   scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  return jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(scores, axis=-1), f32(v))
+  return jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(scores, axis=-1), v)

@@ -1,19 +1,22 @@
-// Masked softmax attention over grouped query heads for XLA:CPU, forward and backward, as XLA FFI handlers.
+// Qwen3 self-attention for XLA:CPU, forward and backward, as XLA FFI handlers (`kernels/cpu_attention.py`
+// registers them and documents the maths; `cpu_attention_reference` there is the spec).
 //
-// Why a hand-written kernel: XLA:CPU runs attention's batched products ([T*G, hd] x [hd, S] per batch row
-// and KV head) through per-product Eigen calls at 60-130 GFLOP/s, against 290-345 for the model's weight
-// matmuls, and writes the [T*G, S] scores and probabilities out to memory between its fusions. Here each
-// (batch row, KV head) pair is one task: its scores, probabilities and their gradients stay in the core's L2,
-// and the products run through one register-blocked micro-kernel. The maths is `rlkit/models/attention.py`'s
-// (see there); the backward pass recomputes the probabilities from the saved log-sum-exp, as FlashAttention's.
+// Why a hand-written kernel: XLA:CPU runs attention's batched products ([T, hd] x [hd, S] per batch row and
+// head) through per-product calls at 60-130 GFLOP/s, against 290-345 for the model's weight matmuls, writes
+// the scores out to memory between its fusions, and makes separate passes over q and k for their slices,
+// norm and rope. Here each (batch row, KV head) pair is one task: its keys and each query head are normalised
+// and rotated into scratch, its scores, probabilities and their gradients stay in the core's L2, and the
+// products run through one register-blocked micro-kernel. The backward pass recomputes the probabilities from
+// the saved log-sum-exp, as FlashAttention's.
 //
-// Layouts (row-major, float32), the model's own, so that XLA transposes nothing on either side: q, o, do
-// and dq [B, T, KV, G, hd]; k, v, dk, dv [B, S, KV, hd]; allowed [B, T, S] as uint8 (nonzero: query t may
-// attend to key slot s); lse [B, KV, G, T]. causal != 0 promises that query t never attends past slot t
-// (self-attention over one sequence, S == T), so the products skip the score blocks above the diagonal. A
-// query row with no allowed key is uniform over the keys it considers (all S, or slots <= t when causal) and
-// passes no gradient to q or k; its lse is NaN.
-// hd must be a multiple of 16 (one vector of floats).
+// Layouts (row-major, float32), the model's own, so that XLA copies nothing on either side: qkv and dqkv
+// [B, T, KV, G + 2, hd] (per KV head: G query heads, its key, its value); q_scale, k_scale [hd]; cos, sin
+// [B, T, hd]; allowed [B, T, T] as uint8 (nonzero: query t may attend to key slot s); o, do
+// [B, T, KV, G, hd]; lse [B, KV, G, T]; dq_scale, dk_scale [B, KV, hd] (each pair's part; the caller sums).
+// causal != 0 promises that query t never attends past slot t, so the products skip the score blocks above
+// the diagonal. A query row with no allowed key is uniform over the keys it considers (all T, or slots <= t
+// when causal) and passes no gradient to q or k; its lse is NaN.
+// hd must be a multiple of 32 (each half a whole number of 16-float vectors).
 
 #include <algorithm>
 #include <atomic>
@@ -159,8 +162,8 @@ void gemm(int m, const float* a, long ars, long acs, const float* b, long ldb, f
         Span s = span(i0, i0 + mr);
         if (j >= s.n) continue;
         int nv = std::min(4, (s.n - j) / kLanes);
-        kMicro[mr][nv - 1](s.k1 - s.k0, a + i0 * ars + long(s.k0) * acs, ars, acs, b + long(s.k0) * ldb + j, ldb,
-                           c + long(i0) * ldc + j, ldc, add);
+        kMicro[mr][nv - 1](s.k1 - s.k0, a + i0 * ars + long(s.k0) * acs, ars, acs, b + long(s.k0) * ldb + j,
+                           ldb, c + long(i0) * ldc + j, ldc, add);
       }
     }
   }
@@ -169,17 +172,19 @@ void gemm(int m, const float* a, long ars, long acs, const float* b, long ldb, f
 inline int round16(int n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
 struct Shape {
-  int64_t B, T, S, KV, G, hd;
-  bool causal;
-  int Sp() const { return round16(int(S)); }
+  int64_t B, T, KV, G, hd;
+  bool causal, qk_norm;
+  float eps;
+  int S() const { return int(T); }                // self-attention: the keys are the queries' own tokens
+  int Sp() const { return round16(S()); }
   // Row stride of the [*, Sp] scratch matrices, one vector more than Sp: at a power-of-two stride (Sp = 256,
   // 1 KB) a 64-row panel of K^T maps onto a quarter of L1's sets. (At M the scores ran at the same speed
   // either way, within this machine's noise; the padding costs 6% more scratch.)
   int ld() const { return Sp() + kLanes; }
-  long q_row() const { return KV * G * hd; }      // q, o, do, dq: [B, T, KV, G, hd]
-  long k_row() const { return KV * hd; }          // k, v, dk, dv: [B, S, KV, hd]
+  long qkv_row() const { return KV * (G + 2) * hd; }   // qkv, dqkv: [B, T, KV, G + 2, hd]
+  long o_row() const { return KV * G * hd; }            // o, do: [B, T, KV, G, hd]
   // Keys query t considers: all S, or slots <= t when causal.
-  int keys(int t) const { return causal ? t + 1 : int(S); }
+  int keys(int t) const { return causal ? t + 1 : S(); }
 };
 
 // Per-thread scratch, reused across calls.
@@ -198,6 +203,70 @@ void transpose_padded(const float* k, long ld_k, int S, int hd, int Sp, float* k
       for (int l = 0; l < kLanes; ++l) col[l] = s0 + l < S ? k[(s0 + l) * ld_k + h] : 0.0f;
       store(kt + h * ld_kt + s0, col);
     }
+  }
+}
+
+// The attention input of one head's rows: rope(norm(x)) (Qwen3; rope(x) without qk_norm), in float32:
+//   norm(x) = scale * x / sqrt(mean(x^2) + eps),   rope(y) = y * cos + [-y2, y1] * sin   (y = [y1, y2])
+// x: `rows` rows of hd at stride ld_x (one head's slice of qkv); cos, sin: [rows, hd]; out: [rows, hd].
+// Each half of hd is a whole number of vectors (hd % 32 == 0, checked).
+inline float inv_rms(const Shape& sh, const float* x) {
+  vf ss = vf{};
+  for (int h = 0; h < sh.hd; h += kLanes) ss += load(x + h) * load(x + h);
+  return 1.0f / std::sqrt(hsum(ss) / float(sh.hd) + sh.eps);
+}
+
+void prep_rows(const Shape& sh, const float* x, long ld_x, int rows, const float* scale, const float* cos,
+               const float* sin, float* out) {
+  int hd = int(sh.hd), half = hd / 2;
+  for (int r = 0; r < rows; ++r) {
+    const float *xr = x + r * ld_x, *c = cos + long(r) * hd, *sn = sin + long(r) * hd;
+    float* y = out + long(r) * hd;
+    vf rs = splat(sh.qk_norm ? inv_rms(sh, xr) : 1.0f);
+    for (int h = 0; h < half; h += kLanes) {
+      vf n1 = load(xr + h) * rs, n2 = load(xr + half + h) * rs;
+      if (sh.qk_norm) {
+        n1 *= load(scale + h);
+        n2 *= load(scale + half + h);
+      }
+      store(y + h, n1 * load(c + h) - n2 * load(sn + h));
+      store(y + half + h, n2 * load(c + half + h) + n1 * load(sn + half + h));
+    }
+  }
+}
+
+// The gradient through `prep_rows`: dx (written at stride ld_dx) from dy, the gradient of its output, and
+// the norm scale's gradient added into dscale [hd]. rope's transpose is [d2 s2, -d1 s1] (the rotation's
+// inverse); the norm's, with n = x r (r = 1 / rms): dx = r (dn - n mean(dn n)), dn = (that) * scale.
+void unprep_rows(const Shape& sh, const float* x, long ld_x, int rows, const float* scale, const float* cos,
+                 const float* sin, const float* dy, float* dx, long ld_dx, float* dscale) {
+  int hd = int(sh.hd), half = hd / 2;
+  for (int r = 0; r < rows; ++r) {
+    const float *xr = x + r * ld_x, *c = cos + long(r) * hd, *sn = sin + long(r) * hd, *d = dy + long(r) * hd;
+    float* out = dx + r * ld_dx;
+    if (!sh.qk_norm) {
+      for (int h = 0; h < half; h += kLanes) {
+        store(out + h, load(d + h) * load(c + h) + load(d + half + h) * load(sn + half + h));
+        store(out + half + h, load(d + half + h) * load(c + half + h) - load(d + h) * load(sn + h));
+      }
+      continue;
+    }
+    float rs = inv_rms(sh, xr);
+    vf dot = vf{};
+    for (int h = 0; h < half; h += kLanes) {
+      vf g1 = load(d + h) * load(c + h) + load(d + half + h) * load(sn + half + h);
+      vf g2 = load(d + half + h) * load(c + half + h) - load(d + h) * load(sn + h);
+      vf n1 = load(xr + h) * splat(rs), n2 = load(xr + half + h) * splat(rs);
+      store(dscale + h, load(dscale + h) + g1 * n1);
+      store(dscale + half + h, load(dscale + half + h) + g2 * n2);
+      g1 *= load(scale + h);
+      g2 *= load(scale + half + h);
+      dot += g1 * n1 + g2 * n2;
+      store(out + h, g1);                          // dn, finished below
+      store(out + half + h, g2);
+    }
+    vf mean = splat(hsum(dot) / float(hd)), rv = splat(rs);
+    for (int h = 0; h < hd; h += kLanes) store(out + h, rv * (load(out + h) - load(xr + h) * rv * mean));
   }
 }
 
@@ -273,114 +342,148 @@ void parallel_for(ffi::ThreadPool& pool, int n, const F& f) {
   while (shared->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
 }
 
-// One (batch row, KV head) pair: its G query heads against the pair's keys and values. q, k, v, o point at
-// the pair's first element; rows are q_row() and k_row() apart. lse: [G, T].
-void forward_pair(const Shape& sh, const float* q, const float* k, const float* v, const uint8_t* allowed,
-                  float* o, float* lse) {
-  thread_local std::vector<float> kt_buf, p_buf, inv_buf;
-  int T = int(sh.T), S = int(sh.S), Sp = sh.Sp(), hd = int(sh.hd), ld = sh.ld();
-  long qr = sh.q_row(), kr = sh.k_row();
+// Pointers of one (batch row b, KV head) pair: its slice of qkv, o and do (rows qkv_row() and o_row()
+// apart), its batch row of allowed, cos and sin, and its [G, T] block of lse.
+struct Pair {
+  const float *qkv, *cos, *sin;
+  const uint8_t* allowed;
+  long o, lse;
+  Pair(const Shape& sh, int i, const float* qkv_base, const float* cos_base, const float* sin_base,
+       const uint8_t* allowed_base) {
+    long b = i / sh.KV, kv = i % sh.KV;
+    qkv = qkv_base + b * sh.T * sh.qkv_row() + kv * (sh.G + 2) * sh.hd;
+    cos = cos_base + b * sh.T * sh.hd;
+    sin = sin_base + b * sh.T * sh.hd;
+    allowed = allowed_base + b * sh.T * sh.S();
+    o = b * sh.T * sh.o_row() + kv * sh.G * sh.hd;
+    lse = long(i) * sh.G * sh.T;
+  }
+};
+
+// The pair's keys after norm and rope, row-major (kp [S, hd]) and transposed (kt [hd, ld]).
+void prep_keys(const Shape& sh, const Pair& at, const float* k_scale, float* kp, float* kt) {
+  int hd = int(sh.hd);
+  prep_rows(sh, at.qkv + sh.G * hd, sh.qkv_row(), sh.S(), k_scale, at.cos, at.sin, kp);
+  transpose_padded(kp, hd, sh.S(), hd, sh.Sp(), kt, sh.ld());
+}
+
+void forward_pair(const Shape& sh, const Pair& at, const float* q_scale, const float* k_scale, float* o,
+                  float* lse) {
+  thread_local std::vector<float> kp_buf, kt_buf, qp_buf, p_buf, inv_buf;
+  int T = int(sh.T), S = sh.S(), Sp = sh.Sp(), hd = int(sh.hd), ld = sh.ld();
+  long qr = sh.qkv_row(), orow = sh.o_row();
+  float* kp = scratch(kp_buf, size_t(S) * hd);
   float* kt = scratch(kt_buf, size_t(hd) * ld);
+  float* qp = scratch(qp_buf, size_t(T) * hd);
   float* p = scratch(p_buf, size_t(T) * ld);
   float* inv = scratch(inv_buf, T);
   float scale = 1.0f / std::sqrt(float(hd));
-  transpose_padded(k, kr, S, hd, Sp, kt, ld);
+  prep_keys(sh, at, k_scale, kp, kt);
+  const float* v = at.qkv + (sh.G + 1) * hd;
   for (int g = 0; g < sh.G; ++g) {
-    const float* qg = q + g * hd;
     float* og = o + g * hd;
-    scores(sh, qg, qr, kt, p);
+    prep_rows(sh, at.qkv + g * hd, qr, T, q_scale, at.cos, at.sin, qp);
+    scores(sh, qp, hd, kt, p);
     for (int t = 0; t < T; ++t) {
-      auto [row_lse, row_inv] = softmax_row(p + long(t) * ld, allowed + long(t) * S, sh.keys(t), S, Sp, scale);
+      auto [row_lse, row_inv] =
+          softmax_row(p + long(t) * ld, at.allowed + long(t) * S, sh.keys(t), S, Sp, scale);
       lse[g * T + t] = row_lse;
       inv[t] = row_inv;
     }
-    gemm(T, p, ld, 1, v, kr, og, qr, false, [&](int, int i1) { return Span{0, sh.keys(i1 - 1), hd}; });
+    gemm(T, p, ld, 1, v, qr, og, orow, false, [&](int, int i1) { return Span{0, sh.keys(i1 - 1), hd}; });
     for (int t = 0; t < T; ++t)
-      for (int h = 0; h < hd; h += kLanes) store(og + t * qr + h, load(og + t * qr + h) * splat(inv[t]));
+      for (int h = 0; h < hd; h += kLanes) store(og + t * orow + h, load(og + t * orow + h) * splat(inv[t]));
   }
 }
 
-void backward_pair(const Shape& sh, const float* q, const float* k, const float* v, const uint8_t* allowed,
-                   const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv) {
-  thread_local std::vector<float> kt_buf, vt_buf, p_buf, ds_buf;
-  int T = int(sh.T), S = int(sh.S), Sp = sh.Sp(), hd = int(sh.hd), ld = sh.ld();
-  long qr = sh.q_row(), kr = sh.k_row();
+// dqkv: the pair's slice of the qkv gradient; dq_scale, dk_scale: the pair's [hd] parts of the norm scales'.
+void backward_pair(const Shape& sh, const Pair& at, const float* q_scale, const float* k_scale, const float* o,
+                   const float* lse, const float* dout, float* dqkv, float* dq_scale, float* dk_scale) {
+  thread_local std::vector<float> kp_buf, kt_buf, vt_buf, qp_buf, p_buf, ds_buf, dqp_buf, dkp_buf;
+  int T = int(sh.T), S = sh.S(), Sp = sh.Sp(), hd = int(sh.hd), ld = sh.ld();
+  long qr = sh.qkv_row(), orow = sh.o_row();
+  float* kp = scratch(kp_buf, size_t(S) * hd);
   float* kt = scratch(kt_buf, size_t(hd) * ld);
   float* vt = scratch(vt_buf, size_t(hd) * ld);
+  float* qp = scratch(qp_buf, size_t(T) * hd);
   float* p = scratch(p_buf, size_t(T) * ld);
   float* ds = scratch(ds_buf, size_t(T) * ld);
+  float* dqp = scratch(dqp_buf, size_t(T) * hd);
+  float* dkp = scratch(dkp_buf, size_t(S) * hd);
   float scale = 1.0f / std::sqrt(float(hd));
-  transpose_padded(k, kr, S, hd, Sp, kt, ld);
-  transpose_padded(v, kr, S, hd, Sp, vt, ld);
+  prep_keys(sh, at, k_scale, kp, kt);
+  transpose_padded(at.qkv + (sh.G + 1) * hd, qr, S, hd, Sp, vt, ld);
+  std::fill(dq_scale, dq_scale + hd, 0.0f);
+  std::fill(dk_scale, dk_scale + hd, 0.0f);
   // Key s only gets gradient from the query rows t >= s when causal.
   auto rows_after = [&](int i0, int) { return Span{sh.causal ? i0 : 0, T, hd}; };
   for (int g = 0; g < sh.G; ++g) {
-    const float *qg = q + g * hd, *og = o + g * hd, *dog = dout + g * hd;
-    scores(sh, qg, qr, kt, p);
-    scores(sh, dog, qr, vt, ds);                    // dp = do v^T, over the same columns
+    const float *og = o + g * hd, *dog = dout + g * hd;
+    prep_rows(sh, at.qkv + g * hd, qr, T, q_scale, at.cos, at.sin, qp);
+    scores(sh, qp, hd, kt, p);
+    scores(sh, dog, orow, vt, ds);                  // dp = do v^T, over the same columns
     for (int t = 0; t < T; ++t) {
       vf acc = vf{};
-      for (int h = 0; h < hd; h += kLanes) acc += load(dog + t * qr + h) * load(og + t * qr + h);
-      softmax_grad_row(p + long(t) * ld, ds + long(t) * ld, allowed + long(t) * S, sh.keys(t), S, Sp, scale,
+      for (int h = 0; h < hd; h += kLanes) acc += load(dog + t * orow + h) * load(og + t * orow + h);
+      softmax_grad_row(p + long(t) * ld, ds + long(t) * ld, at.allowed + long(t) * S, sh.keys(t), S, Sp, scale,
                        lse[g * T + t], hsum(acc));
     }
-    // dq = ds k; dk += ds^T q and dv += p^T do, summed over the pair's G query heads.
-    gemm(T, ds, ld, 1, k, kr, dq + g * hd, qr, false, [&](int, int i1) { return Span{0, sh.keys(i1 - 1), hd}; });
-    gemm(S, ds, 1, ld, qg, qr, dk, kr, g > 0, rows_after);
-    gemm(S, p, 1, ld, dog, qr, dv, kr, g > 0, rows_after);
+    // dq = ds k (then through the query's rope and norm); dk += ds^T q and dv += p^T do over the G heads.
+    gemm(T, ds, ld, 1, kp, hd, dqp, hd, false, [&](int, int i1) { return Span{0, sh.keys(i1 - 1), hd}; });
+    unprep_rows(sh, at.qkv + g * hd, qr, T, q_scale, at.cos, at.sin, dqp, dqkv + g * hd, qr, dq_scale);
+    gemm(S, ds, 1, ld, qp, hd, dkp, hd, g > 0, rows_after);
+    gemm(S, p, 1, ld, dog, orow, dqkv + (sh.G + 1) * hd, qr, g > 0, rows_after);
   }
+  unprep_rows(sh, at.qkv + sh.G * hd, qr, S, k_scale, at.cos, at.sin, dkp, dqkv + sh.G * hd, qr, dk_scale);
 }
 
-ffi::Error check_shapes(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k,
-                        const ffi::Buffer<ffi::F32>& v, const ffi::Buffer<ffi::U8>& allowed, int32_t causal,
-                        Shape* sh) {
-  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), ad = allowed.dimensions();
-  if (qd.size() != 5 || kd.size() != 4 || vd.size() != 4 || ad.size() != 3)
-    return ffi::Error::InvalidArgument("rlkit attention: expected q of rank 5, k and v of rank 4, allowed of rank 3");
-  *sh = Shape{qd[0], qd[1], kd[1], qd[2], qd[3], qd[4], causal != 0};
-  bool ok = kd[0] == sh->B && kd[2] == sh->KV && kd[3] == sh->hd && vd[0] == kd[0] && vd[1] == kd[1] &&
-            vd[2] == kd[2] && vd[3] == kd[3] && ad[0] == sh->B && ad[1] == sh->T && ad[2] == sh->S &&
-            sh->hd % kLanes == 0 && (!sh->causal || sh->S == sh->T);
-  if (!ok) return ffi::Error::InvalidArgument("rlkit attention: inconsistent shapes (see kernels/cpu/attention.cc)");
+ffi::Error check_shapes(const ffi::Buffer<ffi::F32>& qkv, const ffi::Buffer<ffi::F32>& q_scale,
+                        const ffi::Buffer<ffi::F32>& k_scale, const ffi::Buffer<ffi::F32>& cos,
+                        const ffi::Buffer<ffi::F32>& sin, const ffi::Buffer<ffi::U8>& allowed, int32_t causal,
+                        int32_t qk_norm, float eps, Shape* sh) {
+  auto d = qkv.dimensions(), c = cos.dimensions(), sn = sin.dimensions(), a = allowed.dimensions();
+  if (d.size() != 5 || c.size() != 3 || sn.size() != 3 || a.size() != 3 || q_scale.dimensions().size() != 1 ||
+      k_scale.dimensions().size() != 1)
+    return ffi::Error::InvalidArgument("rlkit attention: expected qkv [B, T, KV, G + 2, hd], scales [hd], "
+                                       "cos and sin [B, T, hd], allowed [B, T, T]");
+  *sh = Shape{d[0], d[1], d[2], d[3] - 2, d[4], causal != 0, qk_norm != 0, eps};
+  bool ok = sh->G >= 1 && sh->hd % (2 * kLanes) == 0 && q_scale.dimensions()[0] == sh->hd &&
+            k_scale.dimensions()[0] == sh->hd && c[0] == sh->B && c[1] == sh->T && c[2] == sh->hd &&
+            sn[0] == c[0] && sn[1] == c[1] && sn[2] == c[2] && a[0] == sh->B && a[1] == sh->T && a[2] == sh->T;
+  if (!ok)
+    return ffi::Error::InvalidArgument("rlkit attention: inconsistent shapes (see kernels/cpu/attention.cc)");
   return ffi::Error::Success();
 }
 
-// Offsets of pair i = (b, kv) in q-like and k-like arrays and in lse [B, KV, G, T].
-struct Pair {
-  long q, k, lse, b;
-  Pair(const Shape& sh, int i)
-      : q((i / sh.KV) * sh.T * sh.q_row() + (i % sh.KV) * sh.G * sh.hd),
-        k((i / sh.KV) * sh.S * sh.k_row() + (i % sh.KV) * sh.hd),
-        lse(long(i) * sh.G * sh.T),
-        b((i / sh.KV) * sh.T * sh.S) {}
-};
+using F32 = ffi::Buffer<ffi::F32>;
+using U8 = ffi::Buffer<ffi::U8>;
+using F32Out = ffi::ResultBuffer<ffi::F32>;
 
-ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                            ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::U8> allowed,
-                            ffi::ResultBuffer<ffi::F32> o, ffi::ResultBuffer<ffi::F32> lse, int32_t causal) {
+ffi::Error AttentionForward(ffi::ThreadPool pool, F32 qkv, F32 q_scale, F32 k_scale, F32 cos, F32 sin,
+                            U8 allowed, F32Out o, F32Out lse, int32_t causal, int32_t qk_norm, float eps) {
   Shape sh;
-  if (auto err = check_shapes(q, k, v, allowed, causal, &sh); err.failure()) return err;
+  auto err = check_shapes(qkv, q_scale, k_scale, cos, sin, allowed, causal, qk_norm, eps, &sh);
+  if (err.failure()) return err;
   parallel_for(pool, int(sh.B * sh.KV), [&](int i) {
-    Pair at(sh, i);
-    forward_pair(sh, q.typed_data() + at.q, k.typed_data() + at.k, v.typed_data() + at.k,
-                 allowed.typed_data() + at.b, o->typed_data() + at.q, lse->typed_data() + at.lse);
+    Pair at(sh, i, qkv.typed_data(), cos.typed_data(), sin.typed_data(), allowed.typed_data());
+    forward_pair(sh, at, q_scale.typed_data(), k_scale.typed_data(), o->typed_data() + at.o,
+                 lse->typed_data() + at.lse);
   });
   return ffi::Error::Success();
 }
 
-ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                             ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::U8> allowed, ffi::Buffer<ffi::F32> o,
-                             ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> dout,
-                             ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
-                             ffi::ResultBuffer<ffi::F32> dv, int32_t causal) {
+ffi::Error AttentionBackward(ffi::ThreadPool pool, F32 qkv, F32 q_scale, F32 k_scale, F32 cos, F32 sin,
+                             U8 allowed, F32 o, F32 lse, F32 dout, F32Out dqkv, F32Out dq_scale,
+                             F32Out dk_scale, int32_t causal, int32_t qk_norm, float eps) {
   Shape sh;
-  if (auto err = check_shapes(q, k, v, allowed, causal, &sh); err.failure()) return err;
+  auto err = check_shapes(qkv, q_scale, k_scale, cos, sin, allowed, causal, qk_norm, eps, &sh);
+  if (err.failure()) return err;
   parallel_for(pool, int(sh.B * sh.KV), [&](int i) {
-    Pair at(sh, i);
-    backward_pair(sh, q.typed_data() + at.q, k.typed_data() + at.k, v.typed_data() + at.k,
-                  allowed.typed_data() + at.b, o.typed_data() + at.q, lse.typed_data() + at.lse,
-                  dout.typed_data() + at.q, dq->typed_data() + at.q, dk->typed_data() + at.k,
-                  dv->typed_data() + at.k);
+    Pair at(sh, i, qkv.typed_data(), cos.typed_data(), sin.typed_data(), allowed.typed_data());
+    long qkv_at = at.qkv - qkv.typed_data();
+    backward_pair(sh, at, q_scale.typed_data(), k_scale.typed_data(), o.typed_data() + at.o,
+                  lse.typed_data() + at.lse, dout.typed_data() + at.o, dqkv->typed_data() + qkv_at,
+                  dq_scale->typed_data() + long(i) * sh.hd, dk_scale->typed_data() + long(i) * sh.hd);
   });
   return ffi::Error::Success();
 }
@@ -390,25 +493,33 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RlkitAttentionForward, AttentionForward,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int32_t>("causal"));
+                                  .Arg<F32>()  // qkv
+                                  .Arg<F32>()  // q_scale
+                                  .Arg<F32>()  // k_scale
+                                  .Arg<F32>()  // cos
+                                  .Arg<F32>()  // sin
+                                  .Arg<U8>()   // allowed
+                                  .Ret<F32>()  // o
+                                  .Ret<F32>()  // lse
+                                  .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("qk_norm")
+                                  .Attr<float>("eps"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RlkitAttentionBackward, AttentionBackward,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int32_t>("causal"));
+                                  .Arg<F32>()  // qkv
+                                  .Arg<F32>()  // q_scale
+                                  .Arg<F32>()  // k_scale
+                                  .Arg<F32>()  // cos
+                                  .Arg<F32>()  // sin
+                                  .Arg<U8>()   // allowed
+                                  .Arg<F32>()  // o
+                                  .Arg<F32>()  // lse
+                                  .Arg<F32>()  // do
+                                  .Ret<F32>()  // dqkv
+                                  .Ret<F32>()  // dq_scale, per pair [B, KV, hd]
+                                  .Ret<F32>()  // dk_scale, per pair [B, KV, hd]
+                                  .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("qk_norm")
+                                  .Attr<float>("eps"));

@@ -76,7 +76,7 @@ class TransformerConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"          # compute dtype of activations and matmul inputs
   # Self-attention over whole sequences (training, scoring): "xla" (`attention.attend`) or "cpu_kernel"
-  # (`kernels/cpu_attention.py`, a C++ kernel for XLA:CPU, built on first use; head_dim % 16 == 0).
+  # (`kernels/cpu_attention.py`, a C++ kernel for XLA:CPU, built on first use; head_dim % 32 == 0).
   # Decoding with a KV cache always runs the XLA path.
   attention: str = "xla"
 
@@ -89,8 +89,8 @@ class TransformerConfig:
     as_dtype(self.param_dtype), as_dtype(self.dtype)
     if self.attention not in ATTENTION_IMPLS:
       raise ValueError(f"Unknown attention={self.attention!r}; use one of {list(ATTENTION_IMPLS)}.")
-    if self.attention == "cpu_kernel" and self.head_dim % 16:
-      raise ValueError(f"attention='cpu_kernel' needs head_dim % 16 == 0, got head_dim={self.head_dim}; "
+    if self.attention == "cpu_kernel" and self.head_dim % 32:
+      raise ValueError(f"attention='cpu_kernel' needs head_dim % 32 == 0, got head_dim={self.head_dim}; "
                        f"use attention='xla'.")
 
   @property
@@ -147,6 +147,16 @@ def positions_from_mask(mask: Array) -> Array:
 def _dot(eq: str, x: Array, w: Array, dtype) -> Array:
   """Matmul in the compute dtype with float32 accumulation, result in the compute dtype."""
   return weight_matmul(eq, x.astype(dtype), w.astype(dtype)).astype(dtype)
+
+
+class NormScale(nn.Module):
+  """The `scale` parameter of an RMSNorm whose normalisation runs elsewhere (in the CPU attention kernel):
+  the same name, shape and initial value as `RMSNorm`'s, so both paths share parameters."""
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, features: int) -> Array:
+    return self.param("scale", nn.initializers.ones, (features,), self.param_dtype)
 
 
 class RMSNorm(nn.Module):
@@ -207,6 +217,23 @@ def _init(key, shape, dtype=jnp.float32):
   return (0.02 * jax.random.normal(key, (math.prod(shape),), jnp.float32)).reshape(shape).astype(dtype)
 
 
+def _cached_attention(q: Array, k: Array, v: Array, allowed: Array, cache_kv, dt) -> tuple[Array, tuple]:
+  """Attention of the new queries q [B, T, KV, G, hd] over the cache, after writing this call's keys and
+  values k, v [B, T, KV, hd] into it at its index: (out [B, T, KV*G*hd], (new key cache, new value cache))."""
+  b, t, kvh, g, hd = q.shape
+  qh = q.transpose(0, 2, 1, 3, 4).reshape(b, kvh, t * g, hd)             # queries of a KV head: (t, g) rows
+  # The cache keeps keys transposed, [B, KV, hd, S], and values as [B, KV, S, hd]: both attention
+  # matmuls then stream the cache along its minor axis. With keys as [B, KV, S, hd] the decode step's
+  # q.k^T reduces over the 32-64 wide minor axis, which XLA:CPU ran 2x (S = 80) to 20x (S = 576) slower.
+  k_cache, v_cache, index = cache_kv
+  k = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, index))
+  scores = jnp.einsum("bkqh,bkhs->bkqs", qh, k.astype(dt), preferred_element_type=jnp.float32)
+  v = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, index, 0))
+  probs = masked_probs(scores, allowed, g, hd)
+  out = jnp.einsum("bkqs,bksh->bkqh", probs.astype(dt), v.astype(dt), preferred_element_type=jnp.float32)
+  return out.reshape(b, kvh, t, g * hd).transpose(0, 2, 1, 3).reshape(b, t, kvh * g * hd), (k, v)
+
+
 class Attention(nn.Module):
   cfg: TransformerConfig
 
@@ -230,13 +257,6 @@ class Attention(nn.Module):
     qkv = _dot("btd,df->btf", x, w_qkv.reshape(cfg.hidden_size, -1), dt).reshape(b, t, kvh, g + 2, hd)
     if cfg.attention_bias:
       qkv = qkv + self.param("qkv_bias", nn.initializers.zeros, (kvh, g + 2, hd), pdt).astype(dt)
-    q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]     # [B,T,KV,G,hd], [B,T,KV,hd] x2
-    if cfg.qk_norm:
-      q = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="q_norm")(q)
-      k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
-    q = rope(q, *rope_cs)
-    k = rope(k, *rope_cs)
-
     new_kv = None
     s = t if cache_kv is None else cache_kv[0].shape[-1]
     causal = jnp.arange(s)[None, :] <= q_slots[:, None]                 # [T, S]
@@ -245,25 +265,24 @@ class Attention(nn.Module):
     # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
     # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
     if cache_kv is None and cfg.attention == "cpu_kernel":
+      # q/k norm, rope and attention in one C++ kernel, reading qkv as it comes out of the matmul: XLA's
+      # own slice, norm and rope passes over q and k took about 60 ms of the M train step's forward.
       from kernels.cpu_attention import cpu_attention     # built on first use: imported only when asked for
-      out = cpu_attention(q, k, v, allowed, True).reshape(b, t, kvh * g * hd)
-    elif cache_kv is None:
-      nb = causal_blocks(t)
-      out = merge_blocks(attend(query_blocks(q, nb), k.transpose(0, 2, 1, 3).astype(dt),
-                                v.transpose(0, 2, 1, 3).astype(dt), allowed, g, nb), g)
+      scales = (NormScale(pdt, name="q_norm")(hd), NormScale(pdt, name="k_norm")(hd)) if cfg.qk_norm else None
+      out = cpu_attention(qkv, allowed, *rope_cs, scales, cfg.rms_norm_eps, True).reshape(b, t, kvh * g * hd)
     else:
-      qh = q.transpose(0, 2, 1, 3, 4).reshape(b, kvh, t * g, hd)         # queries of a KV head: (t, g) rows
-      # The cache keeps keys transposed, [B, KV, hd, S], and values as [B, KV, S, hd]: both attention
-      # matmuls then stream the cache along its minor axis. With keys as [B, KV, S, hd] the decode step's
-      # q.k^T reduces over the 32-64 wide minor axis, which XLA:CPU ran 2x (S = 80) to 20x (S = 576) slower.
-      k_cache, v_cache, index = cache_kv
-      k = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, index))
-      scores = jnp.einsum("bkqh,bkhs->bkqs", qh, k.astype(dt), preferred_element_type=jnp.float32)
-      v = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, index, 0))
-      new_kv = (k, v)
-      probs = masked_probs(scores, allowed, g, hd)
-      out = jnp.einsum("bkqs,bksh->bkqh", probs.astype(dt), v.astype(dt), preferred_element_type=jnp.float32)
-      out = out.reshape(b, kvh, t, g * hd).transpose(0, 2, 1, 3).reshape(b, t, kvh * g * hd)
+      q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]   # [B,T,KV,G,hd], [B,T,KV,hd] x2
+      if cfg.qk_norm:
+        q = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="q_norm")(q)
+        k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
+      q = rope(q, *rope_cs)
+      k = rope(k, *rope_cs)
+      if cache_kv is None:
+        nb = causal_blocks(t)
+        out = merge_blocks(attend(query_blocks(q, nb), k.transpose(0, 2, 1, 3).astype(dt),
+                                  v.transpose(0, 2, 1, 3).astype(dt), allowed, g, nb), g)
+      else:
+        out, new_kv = _cached_attention(q, k, v, allowed, cache_kv, dt)
     out = out.astype(dt)
     w_o = self.param("o", _init, (kvh, g, hd, cfg.hidden_size), pdt)
     return _dot("btf,fd->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size), dt), new_kv

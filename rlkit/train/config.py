@@ -207,8 +207,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if config.model.attention not in ATTENTION_IMPLS:
     raise ConfigError(f"model.attention={config.model.attention!r}; choose one of "
                       f"{', '.join(ATTENTION_IMPLS)}.")
-  if config.model.attention == "cpu_kernel" and not config.model.hf_path and config.model.head_dim % 16:
-    raise ConfigError(f"model.attention='cpu_kernel' needs model.head_dim % 16 == 0 (got "
+  if config.model.attention == "cpu_kernel" and not config.model.hf_path and config.model.head_dim % 32:
+    raise ConfigError(f"model.attention='cpu_kernel' needs model.head_dim % 32 == 0 (got "
                       f"{config.model.head_dim}); use model.attention='xla'.")
   if config.mesh.cpu_devices < 0:
     raise ConfigError(f"mesh.cpu_devices={config.mesh.cpu_devices} must be >= 0 (0 keeps JAX's default).")

@@ -57,7 +57,7 @@ def _config():
     (lambda c: c.mesh.__setitem__("cpu_devices", -2), "mesh.cpu_devices=-2 must be >= 0"),
     (lambda c: c.model.__setitem__("attention", "flash"), "model.attention='flash'; choose one of xla, cpu_kernel"),
     (lambda c: (c.model.__setitem__("attention", "cpu_kernel"), c.model.__setitem__("head_dim", 24)),
-     "model.head_dim % 16 == 0 (got 24)"),
+     "model.head_dim % 32 == 0 (got 24)"),
 ])
 def test_invalid_configs_fail_with_the_key_named(mutate, needle):
   c = _config()
