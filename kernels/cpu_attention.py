@@ -103,6 +103,9 @@ def _register() -> None:
 
 
 def _check(qkv: Array, allowed: Array, cos: Array, sin: Array, norm_scales) -> None:
+  if jax.default_backend() != "cpu":
+    raise ValueError(f"cpu_attention (model.attention='cpu_kernel') is a kernel for XLA:CPU, and this JAX runs "
+                     f"on {jax.default_backend()}; use model.attention='xla'.")
   if qkv.ndim != 5 or qkv.shape[3] < 3:
     raise ValueError(f"cpu_attention: qkv {qkv.shape} is not [B, T, KV, G + 2, hd] (G >= 1 query heads, then "
                      f"the key and the value of each KV head).")

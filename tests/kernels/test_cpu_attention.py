@@ -114,6 +114,10 @@ def test_bad_inputs_name_the_fix():
     ca.cpu_attention(qkv, allowed[:, :3], cos, sin, scales)
   with pytest.raises(ValueError, match="G \\+ 2"):
     ca.cpu_attention(qkv[:, :, :, :2], allowed, cos, sin, scales)
+  with pytest.raises(ValueError, match="runs on gpu; use model.attention='xla'"):
+    with pytest.MonkeyPatch.context() as m:
+      m.setattr(jax, "default_backend", lambda: "gpu")
+      ca.cpu_attention(qkv, allowed, cos, sin, scales)
   with pytest.raises(ValueError, match="head_dim % 32"):
     _model_cfg("cpu_kernel").replace(head_dim=48)
   with pytest.raises(ValueError, match="xla"):
