@@ -187,12 +187,6 @@ struct Shape {
   int keys(int t) const { return causal ? t + 1 : S(); }
 };
 
-// Per-thread scratch, reused across calls.
-float* scratch(std::vector<float>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-
 // Kt [hd, Sp] (row stride ld_kt) = K^T of the S rows of K (row stride ld_k), zero-padded to Sp columns.
 // 16 rows of K at a time: their 64 cache lines stay in L1 while each is read hd times (row by row, K's 1 KB
 // row stride put every line in a quarter of L1's sets and this took 18 us per M pair instead of 4.5).
@@ -367,16 +361,35 @@ void prep_keys(const Shape& sh, const Pair& at, const float* k_scale, float* kp,
   transpose_padded(kp, hd, sh.S(), hd, sh.Sp(), kt, sh.ld());
 }
 
+// One pair's working arrays, in a per-thread buffer reused across calls: the keys after norm and rope (kp
+// [S, hd]) and transposed (kt [hd, ld]), the values transposed (vt), one query head after norm and rope (qp
+// [T, hd]), its probabilities (p [T, ld]) and their gradients (ds), the gradients of qp and kp (dqp, dkp),
+// and the rows' 1 / sum (inv [T]).
+struct Scratch {
+  float *kp, *kt, *vt, *qp, *p, *ds, *dqp, *dkp, *inv;
+
+  explicit Scratch(const Shape& sh) {
+    thread_local std::vector<float> buffer;
+    size_t rows = size_t(sh.T) * sh.hd, cols = size_t(sh.hd) * sh.ld(), scores = size_t(sh.T) * sh.ld();
+    size_t sizes[] = {rows, cols, cols, rows, scores, scores, rows, rows, size_t(sh.T)};
+    float** slots[] = {&kp, &kt, &vt, &qp, &p, &ds, &dqp, &dkp, &inv};
+    size_t total = 0;
+    for (size_t n : sizes) total += n;
+    if (buffer.size() < total) buffer.resize(total);
+    float* at = buffer.data();
+    for (int i = 0; i < 9; ++i) {
+      *slots[i] = at;
+      at += sizes[i];
+    }
+  }
+};
+
 void forward_pair(const Shape& sh, const Pair& at, const float* q_scale, const float* k_scale, float* o,
                   float* lse) {
-  thread_local std::vector<float> kp_buf, kt_buf, qp_buf, p_buf, inv_buf;
   int T = int(sh.T), S = sh.S(), Sp = sh.Sp(), hd = int(sh.hd), ld = sh.ld();
   long qr = sh.qkv_row(), orow = sh.o_row();
-  float* kp = scratch(kp_buf, size_t(S) * hd);
-  float* kt = scratch(kt_buf, size_t(hd) * ld);
-  float* qp = scratch(qp_buf, size_t(T) * hd);
-  float* p = scratch(p_buf, size_t(T) * ld);
-  float* inv = scratch(inv_buf, T);
+  Scratch w(sh);
+  float *kp = w.kp, *kt = w.kt, *qp = w.qp, *p = w.p, *inv = w.inv;
   float scale = 1.0f / std::sqrt(float(hd));
   prep_keys(sh, at, k_scale, kp, kt);
   const float* v = at.qkv + (sh.G + 1) * hd;
@@ -399,17 +412,10 @@ void forward_pair(const Shape& sh, const Pair& at, const float* q_scale, const f
 // dqkv: the pair's slice of the qkv gradient; dq_scale, dk_scale: the pair's [hd] parts of the norm scales'.
 void backward_pair(const Shape& sh, const Pair& at, const float* q_scale, const float* k_scale, const float* o,
                    const float* lse, const float* dout, float* dqkv, float* dq_scale, float* dk_scale) {
-  thread_local std::vector<float> kp_buf, kt_buf, vt_buf, qp_buf, p_buf, ds_buf, dqp_buf, dkp_buf;
   int T = int(sh.T), S = sh.S(), Sp = sh.Sp(), hd = int(sh.hd), ld = sh.ld();
   long qr = sh.qkv_row(), orow = sh.o_row();
-  float* kp = scratch(kp_buf, size_t(S) * hd);
-  float* kt = scratch(kt_buf, size_t(hd) * ld);
-  float* vt = scratch(vt_buf, size_t(hd) * ld);
-  float* qp = scratch(qp_buf, size_t(T) * hd);
-  float* p = scratch(p_buf, size_t(T) * ld);
-  float* ds = scratch(ds_buf, size_t(T) * ld);
-  float* dqp = scratch(dqp_buf, size_t(T) * hd);
-  float* dkp = scratch(dkp_buf, size_t(S) * hd);
+  Scratch w(sh);
+  float *kp = w.kp, *kt = w.kt, *vt = w.vt, *qp = w.qp, *p = w.p, *ds = w.ds, *dqp = w.dqp, *dkp = w.dkp;
   float scale = 1.0f / std::sqrt(float(hd));
   prep_keys(sh, at, k_scale, kp, kt);
   transpose_padded(at.qkv + (sh.G + 1) * hd, qr, S, hd, Sp, vt, ld);
@@ -488,38 +494,28 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, F32 qkv, F32 q_scale, F32 k_s
   return ffi::Error::Success();
 }
 
+// The bindings' shared parts: the context and the six inputs both kernels take first (qkv, q_scale, k_scale,
+// cos, sin, allowed), and the attributes both take last.
+auto bind_inputs() {
+  return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32>().Arg<F32>().Arg<F32>().Arg<F32>().Arg<F32>()
+      .Arg<U8>();
+}
+
+template <class Binding>
+auto bind_attrs(Binding binding) {
+  return std::move(binding)
+      .template Attr<int32_t>("causal")
+      .template Attr<int32_t>("qk_norm")
+      .template Attr<float>("eps");
+}
+
 }  // namespace
 
+// Forward: the inputs -> o, lse.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RlkitAttentionForward, AttentionForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32>()  // qkv
-                                  .Arg<F32>()  // q_scale
-                                  .Arg<F32>()  // k_scale
-                                  .Arg<F32>()  // cos
-                                  .Arg<F32>()  // sin
-                                  .Arg<U8>()   // allowed
-                                  .Ret<F32>()  // o
-                                  .Ret<F32>()  // lse
-                                  .Attr<int32_t>("causal")
-                                  .Attr<int32_t>("qk_norm")
-                                  .Attr<float>("eps"));
+                              bind_attrs(bind_inputs().Ret<F32>().Ret<F32>()));
 
+// Backward: the inputs, o, lse, do -> dqkv, dq_scale, dk_scale (per pair [B, KV, hd]).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RlkitAttentionBackward, AttentionBackward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32>()  // qkv
-                                  .Arg<F32>()  // q_scale
-                                  .Arg<F32>()  // k_scale
-                                  .Arg<F32>()  // cos
-                                  .Arg<F32>()  // sin
-                                  .Arg<U8>()   // allowed
-                                  .Arg<F32>()  // o
-                                  .Arg<F32>()  // lse
-                                  .Arg<F32>()  // do
-                                  .Ret<F32>()  // dqkv
-                                  .Ret<F32>()  // dq_scale, per pair [B, KV, hd]
-                                  .Ret<F32>()  // dk_scale, per pair [B, KV, hd]
-                                  .Attr<int32_t>("causal")
-                                  .Attr<int32_t>("qk_norm")
-                                  .Attr<float>("eps"));
+                              bind_attrs(bind_inputs().Arg<F32>().Arg<F32>().Arg<F32>().Ret<F32>().Ret<F32>()
+                                             .Ret<F32>()));
