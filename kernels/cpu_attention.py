@@ -124,7 +124,7 @@ def _per_device(fn, specs_in, specs_out):
   are functions of (rows, heads): the batch axes' names, or None, and "tensor", or None."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return lambda *a: fn(*a)
+    return fn
   return lambda *a: _sharded(fn, specs_in, specs_out, mesh, a)
 
 
@@ -160,7 +160,7 @@ def _attrs(causal, norm_scales, eps):
 
 def _forward(qkv, allowed, cos, sin, norm_scales, eps, causal):
   _register()
-  b, t, kvh, g2, hd = qkv.shape
+  t, g2, hd = qkv.shape[1], qkv.shape[3], qkv.shape[4]
 
   def call(*operands):
     shapes = (jax.ShapeDtypeStruct(operands[0].shape[:3] + (g2 - 2, hd), jnp.float32),

@@ -261,9 +261,6 @@ class Attention(nn.Module):
     s = t if cache_kv is None else cache_kv[0].shape[-1]
     causal = jnp.arange(s)[None, :] <= q_slots[:, None]                 # [T, S]
     allowed = causal[None, :, :] & key_mask[:, None, :]                  # [B, T, S]
-    # The output projection is a plain 2-D matmul over the merged (KV, G, hd) axis, with `out` moved to
-    # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
-    # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
     if cache_kv is None and cfg.attention == "cpu_kernel":
       # q/k norm, rope and attention in one C++ kernel, reading qkv as it comes out of the matmul: XLA's
       # own slice, norm and rope passes over q and k took about 60 ms of the M train step's forward.
@@ -284,6 +281,9 @@ class Attention(nn.Module):
       else:
         out, new_kv = _cached_attention(q, k, v, allowed, cache_kv, dt)
     out = out.astype(dt)
+    # The output projection is a plain 2-D matmul over the merged (KV, G, hd) axis, with `out` moved to
+    # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
+    # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
     w_o = self.param("o", _init, (kvh, g, hd, cfg.hidden_size), pdt)
     return _dot("btf,fd->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size), dt), new_kv
 
