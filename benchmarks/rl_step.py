@@ -217,11 +217,11 @@ def bench_update(reps: int, batch: int, seq: int) -> dict:
   }
   # Unprefixed: model.attention="xla"; kernel_: "cpu_kernel" (kernels/cpu_attention.py).
   for prefix in ("", "kernel_"):
-    for dt in ("", "bf16_"):
-      ours, peer = times[f"{prefix}ours" + ("_bf16" if dt else "")], times["peer" + ("_bf16" if dt else "")]
-      result[f"{prefix}{dt}update_tokens_per_s"] = round(n / ours, 1)
-      result[f"{prefix}{dt}update_speedup_vs_torch"] = round(peer / ours, 3)
-      result[f"{prefix}{dt}loss"] = round(loss[f"{prefix}ours" + ("_bf16" if dt else "")], 4)
+    for suffix, key in (("", prefix), ("_bf16", f"{prefix}bf16_")):
+      ours, peer = times[f"{prefix}ours{suffix}"], times[f"peer{suffix}"]
+      result[f"{key}update_tokens_per_s"] = round(n / ours, 1)
+      result[f"{key}update_speedup_vs_torch"] = round(peer / ours, 3)
+      result[f"{key}loss"] = round(loss[f"{prefix}ours{suffix}"], 4)
   result.update(peer_loss=round(loss["peer"], 4), peer_bf16_loss=round(loss["peer_bf16"], 4))
   return result
 

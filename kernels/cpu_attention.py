@@ -40,7 +40,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import math
 import os
 import shutil
 import subprocess
@@ -54,6 +53,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from rlkit.parallel.mesh import BATCH_AXES
+from rlkit.parallel.rules import fit_spec
 
 Array = jax.Array
 
@@ -129,13 +129,9 @@ def _per_device(fn, specs_in, specs_out):
 
 
 def _sharded(fn, specs_in, specs_out, mesh, args):
-  """Each axis is split only where the mesh has it and it divides: the batch (axis 0 of qkv) over the batch
-  axes, the KV heads (axis 2 of qkv) over "tensor", as `rlkit.parallel.rules` lays them out."""
-  batch, kv_heads = args[0].shape[0], args[0].shape[2]
-  names = dict(zip(mesh.axis_names, mesh.axis_sizes))
-  rows = tuple(a for a in BATCH_AXES if names.get(a, 1) > 1)
-  rows = rows if rows and batch % math.prod(names[a] for a in rows) == 0 else None
-  heads = "tensor" if names.get("tensor", 1) > 1 and kv_heads % names["tensor"] == 0 else None
+  """qkv's layout under the default partition rules decides: the batch (axis 0) over the batch axes and the
+  KV heads (axis 2) over "tensor", each only where the mesh can split it evenly (`fit_spec`)."""
+  rows, _, heads = fit_spec(P(BATCH_AXES, None, "tensor"), args[0].shape[:3], mesh, "cpu_attention qkv")
   return jax.shard_map(fn, in_specs=tuple(f(rows, heads) for f in specs_in),
                        out_specs=tuple(f(rows, heads) for f in specs_out))(*args)
 
@@ -212,23 +208,23 @@ cpu_attention.defvjp(_fwd, _bwd)
 
 def cpu_attention_reference(qkv: Array, allowed: Array, cos: Array, sin: Array, norm_scales,
                             eps: float = 1e-6) -> Array:
-  """The spec, in float32: q, k = rope(norm(q)), rope(norm(k)) (norm: RMSNorm times its scale, skipped when
-  norm_scales is None); then softmax of q k^T / sqrt(hd) with float32's minimum on disallowed slots (a row
-  with none allowed is uniform over all T), times v."""
+  """The spec, in float32, from the model's own pieces: q, k = rope(norm(q)), rope(norm(k)) (norm: RMSNorm
+  times its scale, skipped when norm_scales is None; `transformer.rope`), then `attention.masked_probs`
+  (float32's minimum on disallowed slots: a row with none allowed is uniform over all T) times v."""
+  from rlkit.models.attention import masked_probs
+  from rlkit.models.transformer import rope
   qkv = qkv.astype(jnp.float32)
-  g, hd = qkv.shape[3] - 2, qkv.shape[-1]
-  q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]
+  b, t, kvh, g2, hd = qkv.shape
+  g = g2 - 2
+  cos, sin = cos.astype(jnp.float32), sin.astype(jnp.float32)
 
-  def prep(x, scale, shape):
+  def prep(x, scale):
     if norm_scales is not None:
       x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale.astype(jnp.float32)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    c, s = cos.reshape(shape).astype(jnp.float32), sin.reshape(shape).astype(jnp.float32)
-    return x * c + jnp.concatenate([-x2, x1], axis=-1) * s
+    return rope(x, cos, sin)
 
   scales = norm_scales if norm_scales is not None else (None, None)
-  b, t = qkv.shape[:2]
-  q, k = prep(q, scales[0], (b, t, 1, 1, hd)), prep(k, scales[1], (b, t, 1, hd))
-  scores = jnp.einsum("btkgh,bskh->bkgts", q, k) / math.sqrt(hd)
-  scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  return jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(scores, axis=-1), v)
+  q, k, v = prep(qkv[:, :, :, :g], scales[0]), prep(qkv[:, :, :, g], scales[1]), qkv[:, :, :, g + 1]
+  scores = jnp.einsum("btkgh,bskh->bktgs", q, k).reshape(b, kvh, t * g, t)     # rows (t, g)
+  probs = masked_probs(scores, allowed, g, hd).reshape(b, kvh, t, g, t)
+  return jnp.einsum("bktgs,bskh->btkgh", probs, v)

@@ -92,7 +92,7 @@ def path_str(path: Sequence[Any]) -> str:
   return "/".join(_key_str(k) for k in path)
 
 
-def _fit_spec(spec: P, shape: tuple[int, ...], mesh: Optional[Mesh], name: str) -> P:
+def fit_spec(spec: P, shape: tuple[int, ...], mesh: Optional[Mesh], name: str) -> P:
   """Check `spec` against the leaf's rank; on a mesh, replicate dims the mesh cannot split evenly."""
   if len(spec) > len(shape):
     raise ValueError(f"Partition rule for {name!r} gives spec {spec} with {len(spec)} entries, but the "
@@ -129,7 +129,7 @@ def partition_specs(params: Any, rules: Optional[Rules] = None, mesh: Optional[M
       return P()
     for pattern, spec in compiled:
       if pattern.search(name):
-        return _fit_spec(spec, shape, mesh, name)
+        return fit_spec(spec, shape, mesh, name)
     raise ValueError(f"No partition rule matches parameter {name!r} (shape {shape}). Add a rule for it, "
                      f"or append rlkit.parallel.REPLICATE_REST to replicate unmatched parameters.")
 
