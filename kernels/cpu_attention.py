@@ -45,6 +45,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -70,9 +71,21 @@ def _cpu_flags() -> str:
     return ""
 
 
+def compiler() -> str:
+  """The C++ compiler the kernel builds with: `$CXX`, default `g++`."""
+  return os.environ.get("CXX", "g++")
+
+
+def find_compiler() -> Optional[str]:
+  """The path of `compiler()` (looked up on `$PATH` unless it is a path), or None where there is none.
+
+  Tests and CI use it to skip, or to install g++, where the toolchain is absent."""
+  return shutil.which(compiler())
+
+
 def library_path() -> Path:
   """The compiled kernel library, built on first use (see the module docstring)."""
-  cxx = os.environ.get("CXX", "g++")
+  cxx = compiler()
   source = SOURCE.read_bytes()
   key = hashlib.sha256(b"\0".join([source, cxx.encode(), " ".join(FLAGS).encode(),
                                    jaxlib.__version__.encode(), _cpu_flags().encode()])).hexdigest()[:16]
@@ -80,7 +93,7 @@ def library_path() -> Path:
   lib = cache / f"attention-{key}.so"
   if lib.exists():
     return lib
-  if shutil.which(cxx) is None:
+  if find_compiler() is None:
     raise RuntimeError(f"model.attention='cpu_kernel' builds {SOURCE} with a C++ compiler, and {cxx!r} was "
                        f"not found. Install g++ (or set $CXX), or use model.attention='xla'.")
   cache.mkdir(parents=True, exist_ok=True)
