@@ -6,7 +6,8 @@ The whole config is validated before any work: unknown keys, wrong types and unk
 run with one message and a non-zero exit, and nothing is written. Then the resolved config is printed and
 saved to DIR/config.json, the CPU is split into `mesh.cpu_devices` devices if set, multi-host JAX is
 initialised if the environment asks for it, and the stages run.
-Rerunning the same command on an existing DIR resumes from its newest checkpoint.
+Rerunning the same command on an existing DIR resumes from its newest checkpoint; a changed config stops
+with the list of changed keys unless --allow_config_change is given.
 """
 import json
 import os
@@ -22,7 +23,25 @@ _TUNED_MALLOC = flags.DEFINE_bool(
     "tuned_malloc", False, "Rerun this command with glibc malloc tuned for large XLA:CPU steps (freed memory "
     "kept, on huge pages; rlkit/parallel/host_memory.py): the M-size train step ran about 1.15x faster; the "
     "main job's small-model RL iteration did not gain.")
+_ALLOW_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False, "Resume a workdir whose config.json differs from this run's config (the "
+    "changed keys are printed). Without it such a resume stops before any work.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _flat(tree, prefix=""):
+  if isinstance(tree, dict):
+    out = {}
+    for k, v in tree.items():
+      out.update(_flat(v, f"{prefix}{k}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+  """Dotted keys whose value differs between two resolved configs (added and removed keys included)."""
+  a, b = _flat(old), _flat(new)
+  return sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
 
 
 def main(argv):
@@ -43,20 +62,30 @@ def main(argv):
   from rlkit.parallel.mesh import maybe_initialize_distributed, set_cpu_devices
   set_cpu_devices(config.mesh.cpu_devices)
   maybe_initialize_distributed()
-  import jax
   resolved = config.to_json_best_effort(indent=2, sort_keys=True)
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    changed = changed_keys(json.load(open(path)), json.loads(resolved))
+    if changed and not _ALLOW_CHANGE.value:
+      print(f"Config error: {workdir} holds a run with a different config; changed keys: {', '.join(changed)}. "
+            "Use a new --workdir, or pass --allow_config_change to resume with the new values.", file=sys.stderr)
+      sys.exit(2)
+    if changed:
+      logging.warning("Resuming %s with changed keys: %s", workdir, ", ".join(changed))
+  import jax
   if jax.process_index() == 0:
     print(resolved, flush=True)
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "config.json")
-    if os.path.exists(path) and json.load(open(path)) != json.loads(resolved):
-      logging.warning("%s differs from this run's config; it is overwritten (the checkpoint still resumes).",
-                      path)
     with open(path + ".tmp", "w") as f:
       f.write(resolved + "\n")
     os.replace(path + ".tmp", path)
   from rlkit.train.run import run
-  final = run(config, workdir)
+  from rlkit.train.stages import TrainingError
+  try:
+    final = run(config, workdir)
+  except TrainingError as e:
+    print(f"Training stopped: {e}", file=sys.stderr)
+    sys.exit(1)
   if final:
     print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k in ("step", "stage")}))
 

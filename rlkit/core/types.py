@@ -52,3 +52,82 @@ class Rollout:
   @property
   def num_rows(self) -> int:
     return self.prompt.shape[0]
+
+
+# Where a row of a TrainBatch came from. Augmenters add rows from elsewhere; losses and metrics may treat
+# them differently (e.g. no importance ratio for a teacher's demonstration).
+ROW_SOURCES = ("policy", "teacher", "peer", "padding")
+ROW_SOURCE = {name: i for i, name in enumerate(ROW_SOURCES)}
+
+
+@flax.struct.dataclass
+class TrainBatch:
+  """What the jitted update step consumes (one iteration's rows, or a minibatch of them).
+
+  Rows are laid out group by group, `capacity` rows per group (`group_ids` says which group a row is in);
+  a group with fewer real rows is filled with padding rows whose masks are all False, so augmenters can add
+  rows without changing the static shapes.
+
+  Attributes:
+    tokens: [N, P+R] int32 prompt followed by response.
+    attention_mask: [N, P+R] bool, True on every token the model attends to.
+    loss_mask: [N, R] bool, True on response tokens that are trained on. Separate from the attention mask: a
+      token can be attended to (it is part of the context of later tokens) but not trained on.
+    old_logp: [N, R] float32 the trainer's log-probs before the update (the PPO ratio's denominator), under
+      the sampler's processed distribution (temperature, top-k, top-p).
+    rollout_logp: [N, R] float32 the sampler's behaviour log-probs (`Rollout.logprobs`): what off-policy
+      corrections between sampler and trainer consume. Equals old_logp up to numerics when on-policy.
+    advantages: [N, R] float32 per-token advantages (stop-gradient).
+    token_weights: [N, R] float32 stop-gradient weights multiplying the per-token loss (ones by default).
+    group_ids: [N] int32, unique within the iteration.
+    row_source: [N] int32 index into `ROW_SOURCES`.
+    ref_logp: optional [N, R] float32 reference-model log-probs (KL penalty).
+    extras: named arrays for methods: "routed_experts" [N, P+R, L_moe, k] (MoE routing replay), teacher
+      log-probs, per-token calibration targets, ...
+  """
+  tokens: jax.Array
+  attention_mask: jax.Array
+  loss_mask: jax.Array
+  old_logp: jax.Array
+  rollout_logp: jax.Array
+  advantages: jax.Array
+  token_weights: jax.Array
+  group_ids: jax.Array
+  row_source: jax.Array
+  ref_logp: Any = None
+  extras: dict[str, Any] = flax.struct.field(default_factory=dict)
+
+  @property
+  def response_len(self) -> int:
+    return self.loss_mask.shape[1]
+
+  @property
+  def response(self) -> jax.Array:
+    """[N, R] the response tokens (the last R columns of `tokens`)."""
+    return self.tokens[:, -self.response_len:]
+
+  @property
+  def response_mask(self) -> jax.Array:
+    """[N, R] True on the response tokens attended to (the last R columns of `attention_mask`)."""
+    return self.attention_mask[:, -self.response_len:]
+
+  @property
+  def num_rows(self) -> int:
+    return self.tokens.shape[0]
+
+
+@flax.struct.dataclass
+class Metric:
+  """A metric computed inside a jitted step, with how it combines across micro-batches and update steps.
+
+  reduce:
+    "mean"  the value is this slice's contribution to a batch mean (normalised by the full batch's count),
+            so micro-batches add up to the batch mean; update steps are averaged.
+    "sum"   added over micro-batches and over update steps (counts).
+    "max" / "min"  the extreme over micro-batches and update steps.
+  """
+  value: jax.Array
+  reduce: str = flax.struct.field(pytree_node=False, default="mean")
+
+
+METRIC_REDUCTIONS = ("mean", "sum", "max", "min")

@@ -1,13 +1,19 @@
 """Tasks: a prompt generator plus an exact verifier, keyed by config string in `TASKS`.
 
 A task is a small frozen dataclass (its fields are the config) with:
-  make_example(rng)                -> {"prompt", "answer"[, "solution"]}
+  required_fields                  -> names of the extra fields every example must carry (a tuple of str)
+  make_example(rng)                -> {"prompt", "answer", **extra fields}
   extract_answer(completion_text)  -> the part of the completion that is graded, or None
   verify(completion_text, answer)  -> 1.0 if correct else 0.0 (exact; never raises on model output)
   demonstration(example)           -> the target completion text for SFT (without EOS: the tokenizer adds it)
 
 `answer` is whatever the verifier needs, as a string: the integer for `arithmetic`, and the puzzle itself
 ("7 3 5>26") for `countdown`, whose verifier must know which numbers were allowed.
+
+Every key of an example other than `prompt` and `answer` is an *extra field*: any JSON value (a rubric as a
+nested object, test cases as a list, a difficulty number, `solution` — the SFT demonstration where a task
+has one). Extra fields travel with the example to the batch (`batch["fields"]`) and on to the rewards.
+`demonstration` and `fields` are reserved: they name the stored SFT target and the decoded extra fields.
 
 Expressions are evaluated by a tiny recursive-descent parser over integers, + - * and parentheses (never
 `eval`): model output is untrusted text.
@@ -24,19 +30,21 @@ import numpy as np
 from rlkit.core.registry import Registry
 
 TASKS: Registry[Any] = Registry("task")
+RESERVED_FIELDS = ("demonstration", "fields")
 
 
 @runtime_checkable
 class Task(Protocol):
   name: str
+  required_fields: tuple[str, ...]
 
-  def make_example(self, rng: np.random.Generator) -> dict[str, str]: ...
+  def make_example(self, rng: np.random.Generator) -> dict[str, Any]: ...
 
   def extract_answer(self, completion_text: str) -> Optional[str]: ...
 
   def verify(self, completion_text: str, answer: str) -> float: ...
 
-  def demonstration(self, example: Mapping[str, str]) -> str: ...
+  def demonstration(self, example: Mapping[str, Any]) -> str: ...
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -174,6 +182,7 @@ class Arithmetic:
   max_digits: int = 3
   num_operands: int = 2
   name: str = dataclasses.field(default="arithmetic", init=False)
+  required_fields: tuple = dataclasses.field(default=(), init=False)
 
   def __post_init__(self):
     _validate_ops(self.name, self.ops)
@@ -189,7 +198,7 @@ class Arithmetic:
     low = 0 if digits == 1 else 10 ** (digits - 1)
     return int(rng.integers(low, 10 ** digits))
 
-  def make_example(self, rng: np.random.Generator) -> dict[str, str]:
+  def make_example(self, rng: np.random.Generator) -> dict[str, Any]:
     text = str(self._operand(rng))
     for _ in range(self.num_operands - 1):
       text += self.ops[int(rng.integers(len(self.ops)))] + str(self._operand(rng))
@@ -205,7 +214,7 @@ class Arithmetic:
     got = self.extract_answer(completion_text)
     return float(got is not None and _canonical_int(got) == _canonical_int(answer))
 
-  def demonstration(self, example: Mapping[str, str]) -> str:
+  def demonstration(self, example: Mapping[str, Any]) -> str:
     return example["answer"]
 
 
@@ -239,6 +248,7 @@ class Countdown:
   ops: str = "+-*"
   max_target: int = 1000
   name: str = dataclasses.field(default="countdown", init=False)
+  required_fields: tuple = dataclasses.field(default=("solution",), init=False)   # the demonstration
 
   def __post_init__(self):
     _validate_ops(self.name, self.ops)
@@ -261,7 +271,7 @@ class Countdown:
     text = parts[0][0]
     return text, evaluate_expression(text)[0]
 
-  def make_example(self, rng: np.random.Generator) -> dict[str, str]:
+  def make_example(self, rng: np.random.Generator) -> dict[str, Any]:
     for _ in range(1000):
       count = int(rng.integers(self.min_numbers, self.max_numbers + 1))
       numbers = [int(n) for n in rng.integers(self.min_value, self.max_value + 1, size=count)]
@@ -290,5 +300,5 @@ class Countdown:
       return 0.0
     return float(value == target)
 
-  def demonstration(self, example: Mapping[str, str]) -> str:
+  def demonstration(self, example: Mapping[str, Any]) -> str:
     return example["solution"]

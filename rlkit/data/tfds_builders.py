@@ -1,7 +1,10 @@
 """tfds datasets of task examples, written as array_record and read back as random-access data sources.
 
 One builder, `TaskDataset`, holds either a synthetic task's examples (`prepare`) or JSONL rows
-(`prepare_jsonl`). Features: prompt, answer, demonstration (all Text; they read back as bytes).
+(`prepare_jsonl`). Features: prompt, answer, demonstration and fields (all Text; they read back as bytes).
+`fields` holds the example's extra fields (every key but prompt and answer, see `rlkit.data.tasks`) as
+canonical JSON (sorted keys, so equal fields are equal bytes): a tfds Text feature cannot hold nested values
+of arbitrary structure, JSON can. `rlkit.data.pipeline.decode_record` turns it back into a dict.
 
 Why this shape (see methods/platform.md §1): without TensorFlow, tfds can still *write* a
 GeneratorBasedBuilder with file_format="array_record" and *read* it with `as_data_source()`; `tfds.load`,
@@ -21,13 +24,13 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from rlkit.data.jsonl import load_jsonl
-from rlkit.data.tasks import Task, make_task
+from rlkit.data.jsonl import as_field_names, load_jsonl
+from rlkit.data.tasks import RESERVED_FIELDS, Task, make_task
 
 FILE_FORMAT = "array_record"   # the only random-access format tfds writes without TensorFlow
 
@@ -49,8 +52,27 @@ def config_name(prefix: str, spec: Mapping[str, Any]) -> str:
   return f"{prefix}_{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
 
-def _example(task: Task, row: Mapping[str, str]) -> dict[str, str]:
-  return {"prompt": row["prompt"], "answer": row["answer"], "demonstration": task.demonstration(row)}
+def encode_fields(fields: Mapping[str, Any]) -> str:
+  """Canonical JSON of the extra fields: sorted keys, no spaces, ASCII (a lone surrogate that JSON allows
+  cannot be written as UTF-8, its escape can)."""
+  return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def _example(task: Task, row: Mapping[str, Any]) -> dict[str, str]:
+  """The stored example: text fields, the demonstration, and every other key of `row` as `fields` JSON."""
+  missing = [key for key in task.required_fields if key not in row]
+  reserved = [key for key in RESERVED_FIELDS if key in row]
+  if missing or reserved:
+    raise ValueError(f"task {task.name!r}: make_example returned {sorted(row)}, which lacks the required "
+                     f"field(s) {missing} or uses the reserved name(s) {reserved}.")
+  fields = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+  try:
+    encoded = encode_fields(fields)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"task {task.name!r}: extra fields must be plain JSON values (str, int, float, bool, "
+                     f"None, list, dict with str keys): {e}; got {fields!r}.") from None
+  return {"prompt": row["prompt"], "answer": row["answer"], "demonstration": task.demonstration(row),
+          "fields": encoded}
 
 
 def _unique_examples(task: Task, rng: np.random.Generator, count: int, exclude: set[str]) -> list[dict]:
@@ -71,7 +93,7 @@ def _unique_examples(task: Task, rng: np.random.Generator, count: int, exclude: 
 
 
 def generate_splits(task: Task, num_train: int, num_test: int, seed: int) -> dict[str, list[dict]]:
-  """Deterministic train/test rows {prompt, answer, demonstration} with no test prompt in train."""
+  """Deterministic train/test rows {prompt, answer, demonstration, fields} with no test prompt in train."""
   test = _unique_examples(task, np.random.default_rng([seed, 1]), num_test, exclude=set())
   train = _unique_examples(task, np.random.default_rng([seed, 0]), num_train,
                            exclude={r["prompt"] for r in test})
@@ -84,8 +106,9 @@ class TaskDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   skip_registration: configs are made on the fly from parameters, never looked up by name through
   `tfds.builder`, so the class stays out of tfds's global registry.
   """
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "prompt, answer, demonstration."}
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "prompt, answer, demonstration.",
+                   "1.1.0": "fields: the extra fields of each example as canonical JSON."}
 
   @tfds.core.utils.classproperty
   @classmethod
@@ -101,6 +124,7 @@ class TaskDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             "prompt": tfds.features.Text(),
             "answer": tfds.features.Text(),
             "demonstration": tfds.features.Text(),
+            "fields": tfds.features.Text(),   # canonical JSON object, "{}" when there are none
         }),
         # Keep generation order on disk; shuffling is the pipeline's job (seeded, checkpointable).
         disable_shuffling=True,
@@ -134,7 +158,8 @@ def prepare(task_name: str, task_kwargs: Mapping[str, Any], num_train: int, num_
             data_dir: str) -> dict[str, Any]:
   """Builds the task's train/test array_record files once and returns {split: random-access source}.
 
-  A source supports `len(src)` and `src[i] -> {"prompt": bytes, "answer": bytes, "demonstration": bytes}`.
+  A source supports `len(src)` and `src[i] -> {"prompt", "answer", "demonstration", "fields"}` (all bytes;
+  `fields` is JSON, see `rlkit.data.pipeline.decode_record`).
   """
   if not (isinstance(num_train, int) and num_train >= 1 and isinstance(num_test, int) and num_test >= 0):
     raise ValueError(f"prepare: need num_train >= 1 and num_test >= 0, got {num_train}, {num_test}.")
@@ -153,16 +178,20 @@ def _sha256(path: str) -> str:
   return digest.hexdigest()
 
 
-def prepare_jsonl(split_paths: Mapping[str, str], data_dir: str) -> dict[str, Any]:
+def prepare_jsonl(split_paths: Mapping[str, str], data_dir: str,
+                  required_fields: Sequence[str] = ()) -> dict[str, Any]:
   """Writes JSONL files ({"train": path, "test": path, ...}) as array_record; returns {split: source}.
 
   The config name hashes the files' contents, not their paths: editing a file gives a new dataset, moving
-  it does not. Every file is validated first, so a malformed one fails before anything is written.
+  it does not. Every file is validated first (every line of every split must have `required_fields`, e.g.
+  the jsonl task's), so a malformed one fails before anything is written.
   """
   if not split_paths:
     raise ValueError("prepare_jsonl: give at least one split, e.g. {'train': 'data/train.jsonl'}.")
   paths = {split: os.fspath(p) for split, p in split_paths.items()}
+  required = as_field_names(required_fields, "prepare_jsonl")
   for path in paths.values():
-    load_jsonl(path)
+    load_jsonl(path, required)
+  # required_fields only validate: the stored data, hence the name, does not depend on them
   spec = {"kind": "jsonl", "sha256": {split: _sha256(p) for split, p in paths.items()}}
   return _build("jsonl", spec, data_dir, paths)

@@ -22,6 +22,10 @@ Choices:
   the raw reward instead, its vectorised RLOO gives 0; we pick 0 everywhere.
 
 `group_size` is a static Python int (it fixes a reshape), so these functions jit with it as a constant.
+
+Padding rows: with `valid` ([N] bool) a group's statistics use its valid rows only (mean over them, std with
+ddof=1 over them, the leave-one-out over them) and invalid rows get exactly 0, so padding rows an augmenter
+leaves in a group change nothing. `valid=None` (every row real) runs the unmasked formulas.
 """
 from __future__ import annotations
 
@@ -71,9 +75,34 @@ def _zero_flat_groups(grouped: jax.Array, advantages: jax.Array) -> jax.Array:
   return jnp.where(_is_informative(grouped)[:, None], advantages, 0.0).reshape(-1)
 
 
+class _Masked:
+  """Valid-row statistics of grouped rewards `r` [g, G] under `v` [g, G] bool."""
+
+  def __init__(self, r: jax.Array, valid: jax.Array):
+    self.r, self.v = r, valid.reshape(r.shape)
+    self.n = self.v.sum(axis=1, keepdims=True).astype(r.dtype)
+    self.mean = jnp.where(self.v, r, 0.0).sum(axis=1, keepdims=True) / jnp.maximum(self.n, 1)
+
+  def std(self) -> jax.Array:
+    sq = jnp.where(self.v, jnp.square(self.r - self.mean), 0.0).sum(axis=1, keepdims=True)
+    return jnp.sqrt(sq / (self.n - 1))        # NaN / inf for n <= 1: those groups are flat and zeroed
+
+  def finish(self, advantages: jax.Array) -> jax.Array:
+    hi = jnp.where(self.v, self.r, -jnp.inf).max(axis=1, keepdims=True)
+    lo = jnp.where(self.v, self.r, jnp.inf).min(axis=1, keepdims=True)
+    return jnp.where(self.v & (hi > lo), advantages, 0.0).reshape(-1)
+
+
+def _masked(rewards, group_size, valid):
+  return _Masked(_grouped(rewards, group_size), jnp.asarray(valid, bool))
+
+
 @ADVANTAGES.register("group")
-def grpo_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EPS) -> jax.Array:
+def grpo_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EPS, valid=None) -> jax.Array:
   """GRPO: `(r_i - group mean) / (group std + eps)`, std with ddof=1. `[N] -> [N]`."""
+  if valid is not None:
+    m = _masked(rewards, group_size, valid)
+    return m.finish((m.r - m.mean) / (m.std() + eps))
   r = _grouped(rewards, group_size)
   centred = r - r.mean(axis=1, keepdims=True)
   std = r.std(axis=1, ddof=1, keepdims=True)  # NaN for G == 1; those groups are flat and zeroed.
@@ -81,12 +110,19 @@ def grpo_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EP
 
 
 @ADVANTAGES.register("batch")
-def batch_std_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EPS) -> jax.Array:
+def batch_std_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EPS,
+                         valid=None) -> jax.Array:
   """Group mean, batch std: `(r_i - group mean) / (std of all N rewards + eps)`, ddof=1. `[N] -> [N]`.
 
   The std is of the raw rewards over the whole batch (TRL `scale_rewards="batch"`). Under data parallelism
   "batch" means whatever rows this call sees; gather rewards first for a global std.
   """
+  if valid is not None:
+    m = _masked(rewards, group_size, valid)
+    n = m.n.sum()
+    batch_mean = jnp.where(m.v, m.r, 0.0).sum() / n
+    std = jnp.sqrt(jnp.where(m.v, jnp.square(m.r - batch_mean), 0.0).sum() / (n - 1))
+    return m.finish((m.r - m.mean) / (std + eps))
   r = _grouped(rewards, group_size)
   centred = r - r.mean(axis=1, keepdims=True)
   std = r.std(ddof=1)
@@ -94,17 +130,24 @@ def batch_std_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAU
 
 
 @ADVANTAGES.register("none")
-def dr_grpo_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EPS) -> jax.Array:
+def dr_grpo_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EPS, valid=None) -> jax.Array:
   """Dr. GRPO: `r_i - group mean`, no std division (removes the difficulty bias). `eps` is unused."""
   del eps
+  if valid is not None:
+    m = _masked(rewards, group_size, valid)
+    return m.finish(m.r - m.mean)
   r = _grouped(rewards, group_size)
   return _zero_flat_groups(r, r - r.mean(axis=1, keepdims=True))
 
 
 @ADVANTAGES.register("rloo")
-def rloo_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EPS) -> jax.Array:
+def rloo_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EPS, valid=None) -> jax.Array:
   """RLOO: `r_i - mean_{j != i} r_j` (leave-one-out baseline). 1-member groups get 0; `eps` is unused."""
   del eps
+  if valid is not None:
+    m = _masked(rewards, group_size, valid)
+    total = jnp.where(m.v, m.r, 0.0).sum(axis=1, keepdims=True)
+    return m.finish(m.r - (total - m.r) / jnp.maximum(m.n - 1, 1))
   r = _grouped(rewards, group_size)
   if group_size == 1:
     return jnp.zeros(r.shape[0], r.dtype)
@@ -113,6 +156,9 @@ def rloo_advantages(rewards: jax.Array, group_size: int, eps: float = DEFAULT_EP
 
 
 def group_advantages(name: str, rewards: jax.Array, group_size: int,
-                     eps: float = DEFAULT_EPS) -> jax.Array:
-  """Advantages `[N]` from the estimator registered as `name` ("group", "batch", "none", "rloo")."""
-  return ADVANTAGES.get(name)(rewards, group_size, eps=eps)
+                     eps: float = DEFAULT_EPS, valid=None) -> jax.Array:
+  """Advantages `[N]` from the estimator registered as `name` ("group", "batch", "none", "rloo"); `valid`
+  [N] bool marks real rows (None: all)."""
+  if valid is None:
+    return ADVANTAGES.get(name)(rewards, group_size, eps=eps)
+  return ADVANTAGES.get(name)(rewards, group_size, eps=eps, valid=valid)

@@ -1,9 +1,12 @@
-"""Re-scoring sampled sequences with the trainer's model: per-token log-probs of a `Rollout`'s response.
+"""Scoring sampled sequences with the trainer's model: per-token log-probs of the response tokens.
 
-The trainer computes `logp` of each response token with one forward pass over prompt + response; the
-logits at position t predict token t+1, so the response tokens are scored by positions P-1 .. P+R-2.
-With the same `SamplingConfig` processing the result is directly comparable to `Rollout.logprobs`
-(the sampler/trainer mismatch metric), and for MoE the sampler's routing can be replayed.
+The one scorer of the library: the trainer's old and reference log-probs, the update step's differentiated
+log-probs and the tests all go through `response_logits` + `processed_token_logprobs`. One forward pass over
+prompt + response; the logits at position t predict token t+1, so the response tokens (the last R columns)
+are scored by positions P-1 .. P+R-2. With the sampler's `SamplingConfig` the log-probs are taken under the
+distribution tokens were drawn from (temperature, top-k, top-p, renormalised), so they are directly
+comparable to `Rollout.logprobs` (the sampler/trainer mismatch metric), and for MoE the sampler's routing can
+be replayed (`routed` [N, P+R, L_moe, k]).
 """
 from __future__ import annotations
 
@@ -20,20 +23,48 @@ from rlkit.rollout.sampler import SamplingConfig, processed_logits
 Array = jax.Array
 
 
-def response_forward(model: Transformer, params: Any, rollout: Rollout,
-                     replay_routing: bool = False) -> tuple[Array, ModelOutput]:
-  """Forward over prompt + response. Returns (response logits [N, R, V], the model output)."""
-  routed = rollout.extras.get("routed_experts") if replay_routing else None
-  out = model.apply({"params": params}, rollout.tokens, None, rollout.attention_mask, None, routed,
-                    method=Transformer.forward)
-  p, r = rollout.prompt.shape[1], rollout.response.shape[1]
-  return out.logits[:, p - 1:p + r - 1], out
+def response_forward(model: Transformer, params: Any, tokens: Array, attention_mask: Array, response_len: int,
+                     routed: Optional[Array] = None) -> tuple[Array, ModelOutput]:
+  """Forward over `tokens` [N, P+R]. Returns (logits predicting the last R tokens [N, R, V], the output)."""
+  out = model.apply({"params": params}, tokens, None, attention_mask, None, routed, method=Transformer.forward)
+  p = tokens.shape[1] - response_len
+  return out.logits[:, p - 1:p + response_len - 1], out
+
+
+def processed_token_logprobs(logits: Array, tokens: Array, cfg: Optional[SamplingConfig]) -> Array:
+  """log-probs of `tokens` under the sampler's processed distribution (plain softmax if cfg is None).
+
+  Without top-k / top-p this is `token_logprobs` at the temperature (its one-pass backward); with them the
+  truncated, renormalised distribution, whose removed tokens have logit -inf (no gradient through them).
+  """
+  if cfg is None:
+    return token_logprobs(logits, tokens)
+  if not cfg.greedy and cfg.top_k == 0 and cfg.top_p >= 1.0:
+    return token_logprobs(logits, tokens, cfg.temperature)
+  return token_logprobs(processed_logits(logits, cfg), tokens)
+
+
+def score_response(model: Transformer, params: Any, tokens: Array, attention_mask: Array, response_len: int,
+                   cfg: Optional[SamplingConfig], routed: Optional[Array] = None) -> Array:
+  """[N, R] log-probs of the last `response_len` tokens, zero where the attention mask is False."""
+  logits, _ = response_forward(model, params, tokens, attention_mask, response_len, routed)
+  logp = processed_token_logprobs(logits, tokens[:, -response_len:], cfg)
+  return jnp.where(attention_mask[:, -response_len:], logp, 0.0)
+
+
+def make_scorer(model: Transformer, cfg: Optional[SamplingConfig], replay_routing: bool = False):
+  """Jitted `score(params, batch) -> [N, R]` for a `TrainBatch` (or anything with its fields)."""
+
+  @jax.jit
+  def score(params, batch):
+    routed = batch.extras.get("routed_experts") if replay_routing else None
+    return score_response(model, params, batch.tokens, batch.attention_mask, batch.response_len, cfg, routed)
+  return score
 
 
 def response_logprobs(model: Transformer, params: Any, rollout: Rollout,
                       cfg: Optional[SamplingConfig] = None, replay_routing: bool = False) -> Array:
-  """[N, R] log-probs of the response tokens, zero outside `response_mask`, under the logits processed as
-  the sampler would (temperature, top-k, top-p; plain softmax if cfg is None)."""
-  logits, _ = response_forward(model, params, rollout, replay_routing)
-  logp = token_logprobs(logits if cfg is None else processed_logits(logits, cfg), rollout.response)
-  return jnp.where(rollout.response_mask, logp, 0.0)
+  """`score_response` of a `Rollout`'s response (routing replayed from its extras if asked)."""
+  routed = rollout.extras.get("routed_experts") if replay_routing else None
+  return score_response(model, params, rollout.tokens, rollout.attention_mask, rollout.response.shape[1], cfg,
+                        routed)

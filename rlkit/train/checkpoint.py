@@ -1,10 +1,20 @@
-"""Checkpoints: Orbax `CheckpointManager` over (train state pytree, JSON metadata).
+"""Checkpoints: Orbax `CheckpointManager` over (train state pytree, JSON metadata, JSON model spec).
 
 A checkpoint holds everything a run needs to continue exactly as if it had never stopped: params, optimizer
 state, the global step, and JSON metadata (stage index and step within it, data-iterator state, PRNG key
 data, and anything else the loop wants back). Orbax writes each step into a temporary folder and renames it
 only once complete, so a save killed mid-write never replaces the previous good checkpoint; unfinished
 temporary folders are ignored on restore. Saves are synchronous: a step reported as saved is on disk.
+
+Each step folder `<directory>/<step>/` holds one Orbax item per part:
+
+  state   the stage state pytree, `{"train": TrainState(step, params, opt_state), ...}` (StandardSave)
+  meta    the loop's JSON metadata
+  model   the model spec (`Checkpointer(..., model_spec=...)`): what the params are, as JSON
+          (`rlkit.train.models.model_spec`), so that `rlkit.train.models.load_model` can rebuild the model
+
+`CheckpointReader` reads checkpoints without knowing the optimizer that wrote them: `restore_params` restores
+only `state["train"].params`, by an Orbax partial restore (see its docstring).
 """
 from __future__ import annotations
 
@@ -14,13 +24,21 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 
+from rlkit.parallel.rules import path_str
+
+STATE, META, MODEL = "state", "meta", "model"   # item names inside a step folder
+
 
 class Checkpointer:
-  """Saves every `every` steps (and when forced), keeps the newest `max_to_keep`."""
+  """Saves every `every` steps (and when forced), keeps the newest `max_to_keep`.
 
-  def __init__(self, directory: str, every: int, max_to_keep: int = 2):
+  `model_spec` (a JSON dict), when given, is written into every checkpoint as the `model` item.
+  """
+
+  def __init__(self, directory: str, every: int, max_to_keep: int = 2, model_spec: Optional[dict] = None):
     self.directory = os.path.abspath(directory)
     self.every = every
+    self.model_spec = model_spec
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=False)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
@@ -34,21 +52,100 @@ class Checkpointer:
   def save(self, step: int, state: Any, meta: dict) -> None:
     if step in self._manager.all_steps():
       return
-    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     meta=ocp.args.JsonSave(meta)), force=True)
+    items = {STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}
+    if self.model_spec is not None:
+      items[MODEL] = ocp.args.JsonSave(self.model_spec)
+    self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     self._manager.wait_until_finished()
 
   def restore(self, step: int, target: Any) -> tuple[Any, dict]:
     """Restores onto `target`'s structure, shapes, dtypes and shardings (arrays or ShapeDtypeStructs)."""
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), target)
-    out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                              meta=ocp.args.JsonRestore()))
+    out = self._manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(abstract),
+                                                                 META: ocp.args.JsonRestore()}))
     return out.state, out.meta
 
   def restore_meta(self, step: int) -> dict:
     """Only the JSON metadata of a checkpoint (cheap: no arrays are read)."""
-    return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    return self._manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()})).meta
 
   def close(self) -> None:
     self._manager.close()
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+class CheckpointReader:
+  """Reads the checkpoints under `directory` without writing anything (Orbax `read_only`).
+
+  The state item is read through `PyTreeCheckpointHandler`: it reads the files that the
+  `StandardCheckpointHandler` of `Checkpointer.save` wrote (the standard handler wraps it) and, unlike the
+  standard one, offers `partial_restore`.
+  """
+
+  def __init__(self, directory: str):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
+                                           save_interval_steps=0, enable_async_checkpointing=False)
+    handlers = {STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler(),
+                MODEL: ocp.JsonCheckpointHandler()}
+    self._manager = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
+
+  def latest_step(self) -> Optional[int]:
+    """The newest finished step (unfinished temporary folders are skipped), None if there is none."""
+    return self._manager.latest_step()
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def model_spec(self, step: int) -> dict:
+    """The `model` item of `step`; a checkpoint written without one is refused by name."""
+    where = self.step_dir(step)
+    if not os.path.isdir(os.path.join(where, MODEL)):
+      raise FileNotFoundError(
+          f"Checkpoint {where} has no model spec (no {MODEL!r} item, only {sorted(os.listdir(where))}): it was "
+          "saved without Checkpointer(model_spec=...), e.g. by an older rlkit, so which model and tokenizer "
+          "its params belong to is unknown. Build the model from config fields and read the params with "
+          "CheckpointReader.restore_params, or re-save the checkpoint with a model spec.")
+    return self._manager.restore(step, args=ocp.args.Composite(**{MODEL: ocp.args.JsonRestore()}))[MODEL]
+
+  def restore_params(self, step: int, target: Any) -> Any:
+    """`state["train"].params` of `step`, restored onto `target` (ShapeDtypeStructs with shardings).
+
+    Only the params are read, whatever else the state holds (the state of any optimizer, reference params):
+    the state's tree comes from the checkpoint's metadata, its `train/params` subtree is checked against
+    `target` (same paths and shapes, else a `ValueError` listing the differences), and Orbax restores
+    `PyTreeRestore(item={"train": {"params": target}}, partial_restore=True)`, which drops every leaf the
+    item omits before reading anything. Each array is read straight into its `target` sharding and cast to
+    its `target` dtype.
+    """
+    where = self.step_dir(step)
+    tree = self._manager.item_metadata(step)[STATE].tree
+    saved = tree.get("train", {}).get("params") if isinstance(tree, dict) else None
+    if saved is None:
+      raise ValueError(f"Checkpoint {where} has no train/params in its state (top-level keys: "
+                       f"{sorted(tree) if isinstance(tree, dict) else type(tree).__name__}); expected a stage "
+                       "state {'train': TrainState(step, params, opt_state), ...}.")
+    _check_like(saved, target, where)
+    item = {"train": {"params": target}}
+    restore_args = jax.tree.map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding, dtype=t.dtype), item)
+    out = self._manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=True)}))
+    return out[STATE]["train"]["params"]
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  return {path_str(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _check_like(saved: Any, target: Any, where: str) -> None:
+  got, want = _shapes(saved), _shapes(target)
+  if got != want:
+    diff = sorted(f"{k}: checkpoint {got.get(k)}, expected {want.get(k)}" for k in set(got) | set(want)
+                  if got.get(k) != want.get(k))
+    raise ValueError(f"Checkpoint {where} holds params that do not match the expected model: "
+                     f"{diff[:10]}{' ...' if len(diff) > 10 else ''}.")

@@ -16,7 +16,8 @@ from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES, optimizer_defaults
 
 def model_defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.hf_path = ""                # load a Hugging Face folder instead of building from the fields below
+  c.path = ""                   # load this instead of building from the fields below: a Hugging Face folder,
+                                # an rlkit workdir (its newest checkpoint) or an rlkit checkpoint directory
   c.vocab_size = 0              # 0: take the tokenizer's vocabulary size
   c.hidden_size = 128           # model width D
   c.intermediate_size = 384     # SwiGLU width F
@@ -45,6 +46,7 @@ def sft_defaults() -> ml_collections.ConfigDict:
   c.max_len = 32                # tokens per SFT sequence (prompt + completion), padded
   c.eval_every = 0              # evaluate every N steps (0: only at the end of the stage)
   c.stop_at_loss = 0.0          # end the stage early once the moving average of the loss is below this (0: off)
+  c.max_skipped_updates = 10    # stop after this many update steps in a row with a non-finite loss/grad (0: never)
   c.optimizer = optimizer_defaults()
   return c
 
@@ -59,7 +61,10 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.temperature = 1.0           # sampling temperature (the trainer scores at the same temperature)
   c.top_k = 0                   # sampler top-k (0: off)
   c.top_p = 1.0                 # sampler nucleus mass (1: off)
-  c.reward = "verifier"         # reward function (registry REWARDS)
+  c.reward = ml_collections.ConfigDict()
+  c.reward.name = "verifier"    # reward function (registry REWARDS): verifier | verifier_format
+  c.reward.kwargs = ml_collections.ConfigDict()   # the reward's own parameters
+  c.reward.timeout_s = 30.0     # wall-time limit of one host-side verifier call (0: none, runs inline)
   c.advantage = "group"         # group | batch | none (Dr. GRPO) | rloo
   c.adv_eps = 1e-6              # std epsilon of the group/batch advantage
   c.policy_loss = "ppo_clip"    # ppo_clip | gspo | gspo_token
@@ -70,19 +75,21 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.kl_beta = 0.0               # weight of the KL penalty to the stage's initial policy (0: no reference)
   c.kl_estimator = "k3"         # k1 | k2 | k3
   c.entropy_coef = 0.0          # entropy bonus weight
+  c.loss_terms = ml_collections.ConfigDict()   # extra loss terms (registry LOSS_TERMS): name -> weight
   c.ppo_epochs = 1              # passes over each iteration's rollouts
   c.minibatches = 1             # optimizer steps per epoch (rollouts split into this many minibatches)
   c.micro_batches = 1           # gradient accumulation slices per minibatch
-  c.dynamic_sampling = False    # DAPO: drop zero-variance groups and sample more prompts to refill
-  c.max_sampling_rounds = 4     # cap on extra sampling rounds of dynamic sampling
+  c.filter = "none"             # group filter (registry FILTERS): none | dynamic_sampling (DAPO: drop
+                                # zero-variance groups and sample more prompts to refill)
+  c.max_sampling_rounds = 4     # cap on extra sampling rounds of a filter that asks for more
+  c.augment = "none"            # rows added to each group (registry AUGMENTERS): none | demonstration
+  c.replay_routing = False      # MoE: the trainer reuses the sampler's expert choices (scoring and update)
   c.overlong_cache = 0          # DAPO soft overlong penalty over the last N tokens of the budget (0: off)
   c.overlong_factor = 1.0       # penalty at the full budget
   c.eval_every = 0              # evaluate every N iterations (0: only at the end of the stage)
+  c.max_skipped_updates = 10    # stop after this many update steps in a row with a non-finite loss/grad (0: never)
   c.optimizer = optimizer_defaults()
   return c
-
-
-STAGE_DEFAULTS = {"sft": sft_defaults, "rl": rl_defaults}
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -103,6 +110,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.dir = ""               # where the array_record files go ("" = WORKDIR/data)
   c.data.max_prompt_len = 16    # prompt tokens (left-padded)
   c.model = model_defaults()
+  c.models = ml_collections.ConfigDict()   # more models by role (reference, teacher, ...): role -> model section
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1              # data-parallel axis (-1: all remaining devices)
   c.mesh.fsdp = 1               # parameter-sharding axis
@@ -111,7 +119,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 256     # held-out prompts per evaluation
   c.eval.batch_size = 256       # prompts per sampler call
-  c.eval.pass_k = 4             # samples per prompt for pass@k (0: skip)
+  c.eval.pass_k = 4             # k of pass@k (0: skip)
+  c.eval.pass_n = 0             # samples per prompt for the unbiased pass@k estimator, n >= k (0: n = k)
   c.eval.max_new_tokens = 8     # response budget at evaluation
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 50       # save every N global steps (and at the end of every stage)
@@ -141,8 +150,10 @@ def _check_section(section: Any, defaults: ml_collections.ConfigDict, where: str
                         "rlkit.train.config defaults.")
     value = section[key]
     if isinstance(default, ml_collections.ConfigDict):
-      if where.endswith("task") and key == "kwargs":
-        continue   # free-form: the task validates its own parameters
+      if key in FREE_FORM:
+        if not isinstance(value, (ml_collections.ConfigDict, dict)):
+          raise ConfigError(f"{where}.{key} must be a section (ConfigDict), got {type(value).__name__}.")
+        continue   # checked by their owner: the task, the reward, the loss-term registry, the model roles
       _check_section(value, default, f"{where}.{key}")
     elif not _same_type(value, default):
       raise ConfigError(f"{where}.{key}={value!r} has type {type(value).__name__}; expected "
@@ -161,19 +172,54 @@ def _same_type(value: Any, default: Any) -> bool:
   return isinstance(value, type(default))
 
 
-def _choice(value: str, registry, key: str) -> None:
+# Sections whose keys are not fixed: task.kwargs / reward.kwargs (the component's own parameters),
+# rl.loss_terms (term name -> weight), models (role -> model section).
+FREE_FORM = ("kwargs", "loss_terms", "models")
+
+
+def choice(value: str, registry, key: str) -> None:
+  """ConfigError naming `key` and the valid names unless `value` is registered."""
   try:
     registry.check(value, key)
   except ValueError as e:
     raise ConfigError(str(e)) from None
 
 
+def _positive(config, keys: tuple[str, ...], minimum: int = 1) -> None:
+  for key in keys:
+    section, field = key.rsplit(".", 1)
+    value = config[section][field]
+    if value < minimum:
+      raise ConfigError(f"{key}={value} must be >= {minimum}.")
+
+
+def _check_task(config) -> None:
+  """The task is built from task.name and task.kwargs now, so a bad parameter fails before any work."""
+  from rlkit.data.tasks import make_task
+  kwargs = dict(config.task.kwargs)
+  if config.task.name == "jsonl":
+    if not config.data.train_jsonl:
+      raise ConfigError("task.name='jsonl' needs data.train_jsonl (and data.test_jsonl for evaluation).")
+    kwargs["path"] = config.data.train_jsonl
+  try:
+    make_task(config.task.name, **kwargs)
+  except (ValueError, TypeError, FileNotFoundError) as e:
+    raise ConfigError(f"task.kwargs: {e}") from None
+
+
+def _check_models(config) -> None:
+  if not config.models.keys():
+    return
+  from rlkit.train.models import role_model_defaults
+  for role in config.models.keys():
+    _check_section(config.models[role], role_model_defaults(), f"models.{role}")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError on the first problem; does nothing else (no files, no devices)."""
+  """Raises ConfigError on the first problem; reads a JSONL task's file but writes nothing, starts no device."""
   from rlkit.data.tasks import TASKS
   from rlkit.models.tokenizer import TOKENIZERS
-  from rlkit.objectives import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-  from rlkit.rewards import REWARDS
+  from rlkit.models.transformer import ATTENTION_IMPLS
   from rlkit.train.stages import STAGES
 
   base = base_config()
@@ -191,56 +237,56 @@ def validate(config: ml_collections.ConfigDict) -> None:
       continue
     if key not in config:
       raise ConfigError(f"Missing config section {key}.")
+    if key in FREE_FORM:
+      continue
     if isinstance(base[key], ml_collections.ConfigDict):
       _check_section(config[key], base[key], key)
     elif not _same_type(config[key], base[key]):
       raise ConfigError(f"{key}={config[key]!r} has type {type(config[key]).__name__}; expected "
                         f"{type(base[key]).__name__}.")
-  _choice(config.task.name, TASKS, "task.name")
-  _choice(config.tokenizer.kind, TOKENIZERS, "tokenizer.kind")
-  if config.wandb.mode not in ("disabled", "offline", "online"):
-    raise ConfigError(f"wandb.mode={config.wandb.mode!r}; choose one of disabled, offline, online.")
-  for dt_key in ("param_dtype", "dtype"):
-    if config.model[dt_key] not in ("float32", "bfloat16"):
-      raise ConfigError(f"model.{dt_key}={config.model[dt_key]!r}; choose float32 or bfloat16.")
-  from rlkit.models.transformer import ATTENTION_IMPLS
-  if config.model.attention not in ATTENTION_IMPLS:
-    raise ConfigError(f"model.attention={config.model.attention!r}; choose one of "
-                      f"{', '.join(ATTENTION_IMPLS)}.")
-  if config.model.attention == "cpu_kernel" and not config.model.hf_path and config.model.head_dim % 32:
-    raise ConfigError(f"model.attention='cpu_kernel' needs model.head_dim % 32 == 0 (got "
-                      f"{config.model.head_dim}); use model.attention='xla'.")
-  if config.mesh.cpu_devices < 0:
-    raise ConfigError(f"mesh.cpu_devices={config.mesh.cpu_devices} must be >= 0 (0 keeps JAX's default).")
   for name in stages:
     if name not in config:
       raise ConfigError(f"config.stages names {name!r} but there is no config.{name} section.")
+  kinds = {}
   for name in [k for k in config.keys() if k not in base]:
     section = config[name]
-    kind = section.get("kind", None)
-    _choice(kind, STAGES, f"{name}.kind")
-    _check_section(section, STAGE_DEFAULTS[kind](), name)
-    _choice(section.optimizer.name, OPTIMIZERS, f"{name}.optimizer.name")
-    _choice(section.optimizer.schedule, SCHEDULES, f"{name}.optimizer.schedule")
+    choice(section.get("kind", None), STAGES, f"{name}.kind")
+    stage = STAGES.get(section.kind)
+    kinds[name] = stage
+    _check_section(section, stage.defaults(), name)
+    choice(section.optimizer.name, OPTIMIZERS, f"{name}.optimizer.name")
+    choice(section.optimizer.schedule, SCHEDULES, f"{name}.optimizer.schedule")
     if section.steps < 0:
       raise ConfigError(f"{name}.steps={section.steps} must be >= 0.")
-    if kind == "rl":
-      _choice(section.reward, REWARDS, f"{name}.reward")
-      _choice(section.advantage, ADVANTAGES, f"{name}.advantage")
-      _choice(section.policy_loss, POLICY_LOSSES, f"{name}.policy_loss")
-      _choice(section.aggregation, AGGREGATIONS, f"{name}.aggregation")
-      _choice(section.kl_estimator, KL_ESTIMATORS, f"{name}.kl_estimator")
-      rows = section.prompts_per_step * section.group_size
-      if rows % (section.minibatches * section.micro_batches):
-        raise ConfigError(f"{name}: prompts_per_step*group_size={rows} must divide into minibatches*"
-                          f"micro_batches={section.minibatches * section.micro_batches} equal parts.")
-      if section.group_size < 2 and section.advantage != "batch":
-        raise ConfigError(f"{name}.group_size={section.group_size}: group advantages need at least 2 "
-                          "completions per prompt.")
-    if kind == "sft" and section.batch_size % section.micro_batches:
-      raise ConfigError(f"{name}.batch_size={section.batch_size} must be a multiple of "
-                        f"{name}.micro_batches={section.micro_batches}.")
-    if kind == "sft" and section.stop_at_loss < 0:
-      raise ConfigError(f"{name}.stop_at_loss={section.stop_at_loss} must be >= 0 (0 turns it off).")
-  if config.task.name == "jsonl" and not config.data.train_jsonl:
-    raise ConfigError("task.name='jsonl' needs data.train_jsonl (and data.test_jsonl for evaluation).")
+    if section.optimizer.lr <= 0:
+      raise ConfigError(f"{name}.optimizer.lr={section.optimizer.lr} must be > 0.")
+    stage.validate(section, name)
+  needs = {need for name in stages for need in kinds[name].needs}
+  if "tokenizer" in needs:
+    choice(config.tokenizer.kind, TOKENIZERS, "tokenizer.kind")
+  if "task" in needs:
+    choice(config.task.name, TASKS, "task.name")
+    _check_task(config)
+  if "data" in needs:
+    _positive(config, ("data.num_train", "data.max_prompt_len"))
+    _positive(config, ("data.num_test",), 0)
+  if "model" in needs:
+    for dt_key in ("param_dtype", "dtype"):
+      if config.model[dt_key] not in ("float32", "bfloat16"):
+        raise ConfigError(f"model.{dt_key}={config.model[dt_key]!r}; choose float32 or bfloat16.")
+    if config.model.attention not in ATTENTION_IMPLS:
+      raise ConfigError(f"model.attention={config.model.attention!r}; choose one of "
+                        f"{', '.join(ATTENTION_IMPLS)}.")
+    if config.model.attention == "cpu_kernel" and not config.model.path and config.model.head_dim % 32:
+      raise ConfigError(f"model.attention='cpu_kernel' needs model.head_dim % 32 == 0 (got "
+                        f"{config.model.head_dim}); use model.attention='xla'.")
+  _check_models(config)
+  if config.wandb.mode not in ("disabled", "offline", "online"):
+    raise ConfigError(f"wandb.mode={config.wandb.mode!r}; choose one of disabled, offline, online.")
+  if config.mesh.cpu_devices < 0:
+    raise ConfigError(f"mesh.cpu_devices={config.mesh.cpu_devices} must be >= 0 (0 keeps JAX's default).")
+  _positive(config, ("eval.num_examples", "eval.batch_size", "eval.max_new_tokens"))
+  _positive(config, ("eval.pass_k", "eval.pass_n", "checkpoint.every"), 0)
+  _positive(config, ("checkpoint.max_to_keep",))
+  if config.eval.pass_n and config.eval.pass_n < config.eval.pass_k:
+    raise ConfigError(f"eval.pass_n={config.eval.pass_n} must be 0 or >= eval.pass_k={config.eval.pass_k}.")

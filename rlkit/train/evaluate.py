@@ -1,9 +1,16 @@
 """Held-out evaluation: greedy accuracy and pass@k on a fixed slice of the test split.
 
-Greedy accuracy is the share of prompts whose argmax completion the verifier accepts. pass@k samples k
-completions per prompt at temperature 1 and counts a prompt solved if any of them is accepted (the direct
-estimator with n = k). The evaluated prompts are always the first `eval.num_examples` records of the test
-split, so numbers are comparable across steps, stages and runs.
+Greedy accuracy is the share of prompts whose argmax completion the verifier accepts. pass@k samples n >= k
+completions per prompt at temperature 1, counts the c the verifier accepts, and averages over prompts the
+unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", the Codex paper):
+
+    pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n - c + 1}^{n} (1 - k / i)
+
+the probability that k of the n samples drawn without replacement include a correct one. The product form
+never forms a binomial coefficient, so it stays exact in float64 for any n. With n = k it is the direct rule
+(solved if any of the k samples is accepted); a larger n gives the same expectation with less variance. The
+evaluated prompts are always the first `eval.num_examples` records of the test split, so numbers are
+comparable across steps, stages and runs.
 """
 from __future__ import annotations
 
@@ -23,6 +30,24 @@ def decode_responses(tokenizer, rollout) -> list[str]:
   return [tokenizer.decode(response[i, :lengths[i]].tolist(), skip_special=True) for i in range(len(lengths))]
 
 
+def pass_at_k(n: int, num_correct: Any, k: int) -> np.ndarray:
+  """Unbiased pass@k of each prompt from n samples of which `num_correct` (int or int array) were accepted.
+
+  1 - C(n - c, k) / C(n, k) in its product form (module docstring): 0 where c = 0, exactly 1 where
+  n - c < k (every k-subset holds a correct sample). Raises ValueError unless 1 <= k <= n and 0 <= c <= n.
+  """
+  if not 1 <= k <= n:
+    raise ValueError(f"pass@k needs 1 <= k <= n samples per prompt, got k={k}, n={n}: set eval.pass_n >= "
+                     f"eval.pass_k (0 means n = k).")
+  c = np.asarray(num_correct)
+  if np.any((c < 0) | (c > n)):
+    raise ValueError(f"pass@k: correct counts {c} must lie in [0, n={n}].")
+  i = np.arange(1, n + 1, dtype=np.float64)
+  # Factor i enters for i > n - c; the factor i = k is 0, so n - c < k gives exactly 1.
+  factors = np.where(i > (n - c)[..., None], 1.0 - k / i, 1.0)
+  return 1.0 - np.prod(factors, axis=-1)
+
+
 def _chunks(records: Sequence[dict], size: int):
   """Fixed-size chunks (the last one padded with repeats, so the sampler compiles once)."""
   for start in range(0, len(records), size):
@@ -33,7 +58,20 @@ def _chunks(records: Sequence[dict], size: int):
 
 
 def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequence[dict], key: jax.Array, *,
-             batch_size: int, max_prompt_len: int, max_new_tokens: int, pass_k: int) -> dict[str, float]:
+             batch_size: int, max_prompt_len: int, max_new_tokens: int, pass_k: int,
+             pass_n: int = 0) -> dict[str, float]:
+  """Greedy accuracy, mean response length and (pass_k > 0) `eval/pass@{pass_k}` from pass_n samples per prompt.
+
+  pass_n = 0 means n = k. The samples are drawn in rounds of k per prompt (the sampler's batch stays
+  batch_size * k whatever n is, and n = k draws exactly the samples it always did); a last partial round's
+  extra samples are dropped unverified.
+  """
+  if pass_k < 0 or pass_n < 0:
+    raise ValueError(f"eval.pass_k={pass_k} and eval.pass_n={pass_n} must be >= 0.")
+  n = pass_n or pass_k
+  if pass_k and n < pass_k:
+    raise ValueError(f"eval.pass_n={pass_n} < eval.pass_k={pass_k}: pass@k needs n >= k samples per prompt; "
+                     f"set eval.pass_n >= {pass_k}, or 0 for n = k.")
   records = [as_text_record(r) for r in records]
   if not records:
     return {}
@@ -51,10 +89,15 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
     lengths += np.asarray(out.lengths)[:real].tolist()
     if pass_k:
       rep = np.repeat(np.arange(len(chunk)), pass_k)
-      out = generate(model, params, batch["prompt_tokens"][rep], batch["prompt_mask"][rep],
-                     jax.random.fold_in(key, i + 1), sample)
-      ok = np.array([task.verify(t, chunk[j]["answer"]) for t, j in zip(decode_responses(tokenizer, out), rep)])
-      solved += ok.reshape(len(chunk), pass_k).max(axis=1)[:real].tolist()
+      chunk_key = jax.random.fold_in(key, i + 1)
+      hits = np.zeros(real, np.int64)
+      for r in range(-(-n // pass_k)):
+        take = min(pass_k, n - r * pass_k)             # samples kept per prompt from this round
+        out = generate(model, params, batch["prompt_tokens"][rep], batch["prompt_mask"][rep],
+                       chunk_key if r == 0 else jax.random.fold_in(chunk_key, r), sample)
+        texts = np.array(decode_responses(tokenizer, out), object).reshape(len(chunk), pass_k)
+        hits += [sum(bool(task.verify(t, chunk[j]["answer"])) for t in texts[j, :take]) for j in range(real)]
+      solved += pass_at_k(n, hits, pass_k).tolist()
   metrics = {"eval/accuracy": float(np.mean(correct)), "eval/response_len": float(np.mean(lengths)),
              "eval/num_examples": len(correct)}
   if pass_k:

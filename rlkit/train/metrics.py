@@ -42,9 +42,15 @@ class MetricsLogger:
   """Appends metric rows to JSONL, mirrors them to wandb, and drives one progress bar per stage."""
 
   def __init__(self, workdir: str, wandb_mode: str = "offline", project: str = "rlkit",
-               config: Optional[dict] = None, resume_step: Optional[int] = None, progress: bool = True):
+               config: Optional[dict] = None, resume_step: Optional[int] = None, progress: bool = True,
+               enabled: bool = True):
+    """`enabled=False` (every process but 0 of a multi-host run) writes nothing and starts no wandb run."""
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.workdir = workdir
+    self._enabled = enabled
+    self._bar = None
+    if not enabled:
+      return
     rows = read_metrics(self.path)
     if resume_step is None:
       rows = []
@@ -52,7 +58,6 @@ class MetricsLogger:
       rows = [r for r in rows if r["step"] <= resume_step]
     self._write_all(rows)
     self._file = open(self.path, "a")
-    self._bar = None
     self._progress = progress
     self._wandb = None
     if wandb_mode != "disabled":
@@ -68,13 +73,15 @@ class MetricsLogger:
     os.replace(tmp, self.path)
 
   def start_stage(self, name: str, total: int, initial: int = 0) -> None:
-    if not self._progress:
+    if not self._enabled or not self._progress:
       return
     from tqdm import tqdm
     self.close_bar()
     self._bar = tqdm(total=total, initial=initial, desc=name, dynamic_ncols=True)
 
   def log(self, step: int, stage: str, metrics: dict, show: tuple[str, ...] = ()) -> None:
+    if not self._enabled:
+      return
     row = {"step": int(step), "stage": stage}
     row.update({k: _jsonable(v) for k, v in metrics.items()})
     self._file.write(json.dumps(row) + "\n")
@@ -97,6 +104,8 @@ class MetricsLogger:
 
   def close(self) -> None:
     self.close_bar()
+    if not self._enabled:
+      return
     self._file.close()
     if self._wandb is not None:
       self._wandb.finish()

@@ -1,10 +1,14 @@
-"""The run driver: config -> tokenizer, task, data, model, mesh -> stages in order, with resume.
+"""The run driver: config -> tokenizer, task, data, models, mesh -> stages in order, with resume.
 
 `run(config, workdir)` is what `launch.py` calls after validation. If `workdir` holds a checkpoint, the run
 resumes from it: finished stages are skipped, the interrupted stage continues from its saved step with its
 saved optimizer state, data-iterator state and PRNG stream, and metrics.jsonl is cut back to that step, so the
 resumed run produces exactly the rows an uninterrupted one would. At the end the curves are plotted to
-`workdir/metrics.png`.
+`workdir/metrics.png`. Only what the configured stages need (`Stage.needs`) is built.
+
+Multi-host: every process runs this with the same config; each reads its own slice of every batch, only
+process 0 writes metrics, wandb and the plot, and all processes save and restore checkpoints together (as
+Orbax expects).
 """
 from __future__ import annotations
 
@@ -18,18 +22,12 @@ import numpy as np
 
 from rlkit.data.tasks import make_task
 from rlkit.data.tfds_builders import prepare, prepare_jsonl
-from rlkit.models.tokenizer import make_tokenizer
-from rlkit.models.transformer import Transformer, TransformerConfig
 from rlkit.parallel.mesh import mesh_from_config
-from rlkit.parallel.rules import shard_batch, shard_params, sharded_init
+from rlkit.parallel.rules import shard_batch
 from rlkit.train.checkpoint import Checkpointer
 from rlkit.train.metrics import MetricsLogger, plot_metrics
+from rlkit.train.models import build_model, build_models, model_spec, tokenizer_from_spec
 from rlkit.train.stages import STAGES, Context
-
-
-def build_tokenizer(config):
-  kw = {"path": config.tokenizer.path} if config.tokenizer.kind == "hf" else {}
-  return make_tokenizer(config.tokenizer.kind, **kw)
 
 
 def build_task(config):
@@ -45,31 +43,9 @@ def build_data(config, workdir: str) -> dict:
     splits = {"train": config.data.train_jsonl}
     if config.data.test_jsonl:
       splits["test"] = config.data.test_jsonl
-    return prepare_jsonl(splits, data_dir)
+    return prepare_jsonl(splits, data_dir, required_fields=tuple(config.task.kwargs.get("required_fields", ())))
   return prepare(config.task.name, dict(config.task.kwargs), config.data.num_train, config.data.num_test,
                  config.seed, data_dir)
-
-
-def build_model(config, tokenizer, key, mesh):
-  """(module, params): from a Hugging Face folder, or initialised from the config fields (sharded)."""
-  m = config.model
-  if m.hf_path:
-    from rlkit.models import hf
-    module, params = hf.load(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, attention=m.attention)
-    return module, shard_params(params, mesh)
-  vocab = m.vocab_size or tokenizer.vocab_size
-  if vocab < tokenizer.vocab_size:
-    raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's {tokenizer.vocab_size}.")
-  cfg = TransformerConfig(
-      vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-      num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-      rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_word_embeddings=m.tie_word_embeddings,
-      num_experts=m.num_experts, num_experts_per_tok=m.num_experts_per_tok,
-      moe_intermediate_size=m.moe_intermediate_size, param_dtype=m.param_dtype, dtype=m.dtype,
-      attention=m.attention)
-  module = Transformer(cfg)
-  init = lambda k: module.init(k, np.zeros((1, 1), np.int32))["params"]  # noqa: E731
-  return module, sharded_init(init, key, mesh)
 
 
 def _stage_offsets(config) -> list[int]:
@@ -80,30 +56,39 @@ def _stage_offsets(config) -> list[int]:
   return offsets
 
 
+def stage_needs(config) -> set[str]:
+  """The run-level sections the configured stages use (tokenizer, task, data, model)."""
+  return {need for name in config.stages for need in STAGES.get(config[name].kind).needs}
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs every stage of `config` in `workdir` (resuming if a checkpoint is there). Returns final eval."""
   os.makedirs(workdir, exist_ok=True)
   key = jax.random.key(config.seed)
   mesh = mesh_from_config(config.mesh)
-  if jax.process_index() == 0:
-    print(f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)", flush=True)
-  tokenizer = build_tokenizer(config)
-  task = build_task(config)
-  sources = build_data(config, workdir)
+  lead = jax.process_index() == 0
+  if lead:
+    print(f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)"
+          + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""), flush=True)
+  needs = stage_needs(config)
+  tokenizer = tokenizer_from_spec(config.tokenizer) if "tokenizer" in needs else None
+  task = build_task(config) if "task" in needs else None
+  sources = build_data(config, workdir) if "data" in needs else {}
   eval_records = []
   if "test" in sources:
     test = sources["test"]
     eval_records = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
   with jax.set_mesh(mesh):
-    model, params = build_model(config, tokenizer, jax.random.fold_in(key, 1), mesh)
+    model, params = build_model(config.model, tokenizer, jax.random.fold_in(key, 1), mesh)
+    models = build_models(config.models, tokenizer, jax.random.fold_in(key, 3), mesh)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint.every,
-                                config.checkpoint.max_to_keep)
+                                config.checkpoint.max_to_keep, model_spec=model_spec(model.cfg, config.tokenizer))
     resume_step = checkpointer.latest_step()
     logger = MetricsLogger(workdir, config.wandb.mode, config.wandb.project, config.to_dict(), resume_step,
-                           progress=config.progress)
-    ctx = Context(config=config, model=model, tokenizer=tokenizer, task=task, train_source=sources["train"],
+                           progress=config.progress and lead, enabled=lead)
+    ctx = Context(config=config, model=model, tokenizer=tokenizer, task=task, train_source=sources.get("train"),
                   eval_records=eval_records, logger=logger, checkpointer=checkpointer,
-                  key=jax.random.fold_in(key, 2), put_batch=lambda b: shard_batch(b, mesh))
+                  key=jax.random.fold_in(key, 2), put_batch=lambda b: shard_batch(b, mesh), models=models)
     resume_meta = None
     if resume_step is not None:
       resume_meta = json.loads(json.dumps(checkpointer.restore_meta(resume_step)))
@@ -112,6 +97,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     finally:
       logger.close()
       checkpointer.close()
+  if not lead:
+    return {}
   plot_metrics(logger.path, os.path.join(workdir, "metrics.png"))
   rows = [json.loads(line) for line in open(logger.path)]
   evals = [r for r in rows if "eval/accuracy" in r]

@@ -1,31 +1,41 @@
-"""Pure jitted update steps: `sft_step` (next-token NLL) and `rl_step` (policy loss + KL + entropy).
+"""Pure jitted update steps: `sft_step` (next-token NLL) and `rl_step` (a sum of registered loss terms).
 
-Each step is one jitted function (forward, loss, backward, optimizer) with the train state donated. A batch
-is split into `micro_batches` equal slices scanned with `lax.scan`; every slice's loss is normalised by the
-*global* token / sequence counts of the whole batch, so the summed gradient equals the full-batch gradient
-for every aggregation mode (tests/train/test_steps.py checks 1x8 == 8x1).
+Both are built by `make_update_step`: one jitted function `step(state, batch, step_inputs) -> (state,
+metrics)` (forward, loss, backward, optimizer) with the train state donated. `step_inputs` is a dict of
+float32 scalars traced into the step (loss-term weights, annealed coefficients, calibration scales):
+changing a value does not recompile. A batch is split into `micro_batches` equal slices scanned with
+`lax.scan`; every slice's loss is normalised by the *full* batch's counts, so the summed gradient equals the
+full-batch gradient for every aggregation mode (tests/train/test_steps.py checks 1x8 == 8x1).
 
-RL loss per token (methods/llm.md §12), composed from the registries by config name:
+Non-finite guard: if the loss or the gradient norm is not finite, the update is skipped inside the step
+(parameters, optimizer state and step counter unchanged) and `skipped_updates` counts it; the stage stops
+after too many in a row (`max_skipped_updates`).
 
-  logp   = log_softmax(logits / T)[token]                       (T = sampling temperature)
-  l      = POLICY_LOSSES[policy_loss](logp, sg(old_logp), sg(A), mask, eps_low, eps_high)
-         + beta * KL_ESTIMATORS[kl](logp, sg(ref_logp)) - entropy_coef * H(pi)
-  loss   = aggregate(l, mask, aggregation, global counts)
+RL loss per token (methods/llm.md §12), the terms from `rlkit.objectives.loss_terms`:
+
+  logp = log_softmax(process(logits))[token]      process = the sampler's: temperature, top-k, top-p
+  l    = sum_terms weight_k * term_k(logp, logits, batch)         policy, kl (kl_beta), entropy, ...
+  loss = aggregate(l * token_weights, loss_mask, aggregation, full-batch counts)
+
+The PPO ratio is `exp(logp - old_logp)` with both under that processed distribution (the one the tokens
+were drawn from); `batch.rollout_logp` (the sampler's own numbers) is what off-policy corrections consume.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from rlkit.core.types import Metric, TrainBatch
 from rlkit.models.transformer import Transformer
-from rlkit.objectives import (POLICY_LOSSES, aggregate, kl_penalty, loss_normalizers, token_entropy,
-                              token_logprobs)
+from rlkit.objectives import aggregate, token_logprobs
+from rlkit.objectives.loss_terms import LOSS_TERMS, scaled_entropy, token_mean
 from rlkit.optim.optimizers import current_lr
+from rlkit.rollout.sampler import SamplingConfig
+from rlkit.rollout.scoring import processed_token_logprobs, response_forward
 
 Array = jax.Array
 
@@ -50,8 +60,17 @@ def _split(tree: Any, n: int) -> Any:
   return jax.tree.map(f, tree)
 
 
+_IDENTITY = {"mean": 0.0, "sum": 0.0, "max": -jnp.inf, "min": jnp.inf}
+_COMBINE = {"mean": jnp.add, "sum": jnp.add, "max": jnp.maximum, "min": jnp.minimum}
+
+
+def combine_metrics(a: dict, b: dict) -> dict:
+  """Two slices' `Metric` dicts combined by each metric's declared reduction."""
+  return {k: Metric(_COMBINE[a[k].reduce](a[k].value, b[k].value), a[k].reduce) for k in a}
+
+
 def _accumulate(loss_fn, params: Any, batch: Any, micro_batches: int):
-  """Sum of (loss, grads, metrics) of `loss_fn` over micro-batches; loss_fn normalises globally."""
+  """(loss, grads, metrics) of `loss_fn` summed over micro-batches; loss_fn normalises globally."""
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if micro_batches == 1:
     (loss, metrics), grads = grad_fn(params, batch)
@@ -59,132 +78,136 @@ def _accumulate(loss_fn, params: Any, batch: Any, micro_batches: int):
 
   def body(carry, mb):
     (loss, metrics), grads = grad_fn(params, mb)
-    acc = jax.tree.map(jnp.add, carry, (loss, grads, metrics))
-    return acc, None
+    c_loss, c_grads, c_metrics = carry
+    return (c_loss + loss, jax.tree.map(jnp.add, c_grads, grads), combine_metrics(c_metrics, metrics)), None
 
   first = jax.tree.map(lambda x: x[0], _split(batch, micro_batches))
-  shapes = jax.eval_shape(grad_fn, params, first)
-  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[0][0], shapes[1], shapes[0][1]))
-  (loss, grads, metrics), _ = jax.lax.scan(body, zeros, _split(batch, micro_batches))
+  (loss_s, metric_s), grad_s = jax.eval_shape(grad_fn, params, first)
+  zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
+  init = (zeros(loss_s), jax.tree.map(zeros, grad_s),
+          {k: Metric(jnp.full(m.value.shape, _IDENTITY[m.reduce], m.value.dtype), m.reduce)
+           for k, m in metric_s.items()})
+  (loss, grads, metrics), _ = jax.lax.scan(body, init, _split(batch, micro_batches))
   return loss, grads, metrics
 
 
-def _apply(state: TrainState, tx: optax.GradientTransformation, grads: Any) -> tuple[TrainState, dict]:
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  info = {"grad_norm": optax.global_norm(grads)}
-  lr = current_lr(opt_state)
-  if lr is not None:
-    info["lr"] = lr
-  return TrainState(state.step + 1, params, opt_state), info
+def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_batches: int,
+                     counts: Callable[[Any], dict]):
+  """`step(state, batch, step_inputs) -> (state, {name: Metric})`, jitted, state donated.
+
+  :param loss_fn: `(params, micro_batch, step_inputs) -> (scalar loss, {name: Metric})`, normalised by the
+    full batch's counts, which the step adds to `step_inputs` from `counts(batch)`.
+  """
+
+  def apply(state, grads):
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    info = {}
+    lr = current_lr(opt_state)
+    if lr is not None:
+      info["lr"] = Metric(lr)
+    return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), info
+
+  def skip(state, grads):
+    del grads
+    lr = current_lr(state.opt_state)
+    return state, ({"lr": Metric(lr)} if lr is not None else {})
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state: TrainState, batch: Any, step_inputs: Optional[dict] = None):
+    inputs = dict(step_inputs or {}, **counts(batch))
+    loss, grads, metrics = _accumulate(lambda p, mb: loss_fn(p, mb, inputs), state.params, batch,
+                                       micro_batches)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # lax.cond runs one branch: a skipped update costs no pass over the parameters.
+    state, info = jax.lax.cond(finite, apply, skip, state, grads)
+    return state, {"loss": Metric(loss), **metrics, "grad_norm": Metric(grad_norm), **info,
+                   "skipped_updates": Metric(jnp.logical_not(finite).astype(jnp.int32), "sum")}
+
+  return step
+
+
+def sum_terms(terms: dict[str, Callable], logp, logits, batch, step_inputs) -> tuple[Array, dict]:
+  """`sum_k weight_k * term_k` per token (weights from step_inputs["weight/<name>"]) and the terms' metrics."""
+  total, metrics = None, {}
+  for name, term in terms.items():
+    per_tok, m = term(logp, logits, batch, step_inputs)
+    per_tok = step_inputs[f"weight/{name}"] * per_tok
+    total = per_tok if total is None else total + per_tok
+    metrics.update(m)
+  return total, metrics
 
 
 # ---------------------------------------------------------------------------------------------------- SFT
 
 def make_sft_step(model: Transformer, tx: optax.GradientTransformation, micro_batches: int = 1):
-  """`sft_step(state, batch) -> (state, metrics)`; batch: tokens, attention_mask, loss_mask [B, T]."""
+  """`sft_step(state, batch[, step_inputs]) -> (state, metrics)`; batch: tokens, attention_mask, loss_mask
+  [B, T] (loss_mask marks target tokens) and optional token_weights [B, T]. The loss is the `nll` term."""
+  terms = {"nll": LOSS_TERMS.get("nll")(None)}
 
-  def loss_fn(params, mb, num_tokens):
+  def loss_fn(params, mb, step_inputs):
     logits = model.apply({"params": params}, mb["tokens"], attention_mask=mb["attention_mask"])
     # Position t predicts token t+1. Scoring every position against the tokens shifted left (the last
     # position's target is masked out) avoids slicing the [B, T, V] logits, a full copy in each direction.
     targets = jnp.roll(mb["tokens"], -1, axis=1)
     mask = jnp.pad(mb["loss_mask"][:, 1:], ((0, 0), (0, 1)))
-    nll = -token_logprobs(logits, targets)
-    # Correct when the target's logit is the row maximum (argmax up to exact ties): one max, which the
-    # logsumexp also computes, instead of a variadic argmax reduction over the vocabulary.
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    correct = (target_logit >= jnp.max(logits, axis=-1)) & mask
-    loss = jnp.sum(jnp.where(mask, nll, 0.0)) / num_tokens
-    return loss, {"token_accuracy": jnp.sum(correct) / num_tokens}
+    view = {"targets": targets, "target_mask": mask}
+    logp = token_logprobs(logits, targets)
+    per_tok, metrics = sum_terms(terms, logp, logits, view, {"weight/nll": 1.0, **step_inputs})
+    if "token_weights" in mb:
+      per_tok = per_tok * jnp.pad(jax.lax.stop_gradient(mb["token_weights"])[:, 1:], ((0, 0), (0, 1)))
+    return aggregate(per_tok, mask, "token-mean", num_tokens_global=step_inputs["num_tokens"]), metrics
 
-  @functools.partial(jax.jit, donate_argnums=0)
-  def sft_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    num_tokens = jnp.maximum(jnp.sum(batch["loss_mask"][:, 1:]), 1)
-    loss, grads, metrics = _accumulate(lambda p, mb: loss_fn(p, mb, num_tokens), state.params, batch,
-                                       micro_batches)
-    state, info = _apply(state, tx, grads)
-    return state, {"loss": loss, **metrics, **info}
+  def counts(batch):
+    return {"num_tokens": jnp.maximum(jnp.sum(batch["loss_mask"][:, 1:]), 1)}
 
-  return sft_step
+  return make_update_step(loss_fn, tx, micro_batches, counts)
 
 
 # ----------------------------------------------------------------------------------------------------- RL
 
-@dataclasses.dataclass(frozen=True)
-class RLLossConfig:
-  """Static settings of the RL loss (hashable: part of the jitted step's closure)."""
-  policy_loss: str = "ppo_clip"
-  eps_low: float = 0.2
-  eps_high: float = 0.2
-  dual_clip: Optional[float] = None
-  aggregation: str = "token-mean"
-  kl_estimator: str = "k3"
-  kl_beta: float = 0.0
-  entropy_coef: float = 0.0
-  temperature: float = 1.0
-  max_len: int = 0                 # constant normaliser of seq-mean-token-sum-norm (max_new_tokens)
-  replay_routing: bool = False     # MoE: reuse the sampler's expert choices in the trainer forward
+def rl_counts(batch: TrainBatch) -> dict:
+  """Loss-mask counts of the full batch (the normalisers of every aggregation mode)."""
+  mask = batch.loss_mask
+  return {"num_tokens": jnp.maximum(mask.sum(), 1), "num_seqs": mask.any(axis=-1).sum()}
 
 
-def response_logits(model: Transformer, params: Any, batch: dict, replay_routing: bool = False) -> Array:
-  """[N, R, V] logits that predict the response tokens (positions P-1 .. P+R-2 of prompt + response)."""
-  routed = batch.get("routed_experts") if replay_routing else None
-  out = model.apply({"params": params}, batch["tokens"], None, batch["attention_mask"], None, routed,
-                    method=Transformer.forward)
-  r = batch["response"].shape[1]
-  p = batch["tokens"].shape[1] - r
-  return out.logits[:, p - 1:p + r - 1]
+def build_terms(cfg) -> dict[str, Callable]:
+  """The stage's loss terms by name: policy always, kl if kl_beta > 0, entropy if entropy_coef != 0, then
+  `cfg.loss_terms` (extra registered terms with their weights)."""
+  names = ["policy"] + (["kl"] if cfg.kl_beta > 0 else []) + (["entropy"] if cfg.entropy_coef else [])
+  names += list(cfg.loss_terms.keys())
+  return {name: LOSS_TERMS.get(name)(cfg) for name in names}
 
 
-def make_score_fn(model: Transformer, temperature: float, replay_routing: bool = False):
-  """Jitted `score(params, batch) -> logp [N, R]` of the response tokens (0 off the response mask)."""
-
-  @jax.jit
-  def score(params, batch):
-    logits = response_logits(model, params, batch, replay_routing)
-    logp = token_logprobs(logits, batch["response"], temperature)
-    return jnp.where(batch["response_mask"], logp, 0.0)
-  return score
+def default_step_inputs(cfg) -> dict[str, float]:
+  """Each term's weight, as the traced scalars `weight/<term>` the step reads."""
+  weights = {"policy": 1.0, "kl": cfg.kl_beta, "entropy": cfg.entropy_coef, **dict(cfg.loss_terms)}
+  return {f"weight/{k}": jnp.float32(v) for k, v in weights.items() if k in build_terms(cfg)}
 
 
-def rl_loss(model: Transformer, cfg: RLLossConfig, params: Any, mb: dict, norms: dict) -> tuple[Array, dict]:
-  """Scalar loss of one micro-batch, normalised by the full batch's `norms`, and summable metrics."""
-  mask = mb["response_mask"]
-  logits = response_logits(model, params, mb, cfg.replay_routing)
-  logp = token_logprobs(logits, mb["response"], cfg.temperature)
-  per_tok, m = POLICY_LOSSES.get(cfg.policy_loss)(
-      logp, mb["old_logp"], mb["advantages"], mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-      **({"dual_clip": cfg.dual_clip} if cfg.dual_clip else {}))
-  n_tok = norms["num_tokens_global"]
-  fm = mask.astype(jnp.float32)
-  entropy = token_entropy(logits.astype(jnp.float32) / cfg.temperature)
-  metrics = {"entropy": jnp.sum(entropy * fm) / n_tok,
-             "clip_frac": jnp.sum(m.get("clip_frac", 0.0) * jnp.sum(fm)) / n_tok}
-  if cfg.kl_beta > 0:
-    kl = kl_penalty(cfg.kl_estimator, logp, jax.lax.stop_gradient(mb["ref_logp"]))
-    per_tok = per_tok + cfg.kl_beta * kl
-    metrics["kl"] = jnp.sum(kl * fm) / n_tok
-  if cfg.entropy_coef:
-    per_tok = per_tok - cfg.entropy_coef * entropy
-  loss = aggregate(per_tok, mask, cfg.aggregation, max_len=cfg.max_len or None, **norms)
-  return loss, metrics
+def make_rl_loss(model: Transformer, cfg, sampling: SamplingConfig, replay_routing: bool = False):
+  """`loss(params, batch: TrainBatch, step_inputs) -> (scalar, metrics)` of one (micro-)batch."""
+  terms = build_terms(cfg)
+  max_len = cfg.max_new_tokens or None
+
+  def loss_fn(params, mb: TrainBatch, step_inputs):
+    routed = mb.extras.get("routed_experts") if replay_routing else None
+    logits, _ = response_forward(model, params, mb.tokens, mb.attention_mask, mb.response_len, routed)
+    logp = processed_token_logprobs(logits, mb.response, sampling)
+    per_tok, metrics = sum_terms(terms, logp, logits, mb, step_inputs)
+    per_tok = per_tok * jax.lax.stop_gradient(mb.token_weights)
+    if "entropy" not in metrics:     # always logged (collapse monitoring); the entropy term reports its own
+      metrics["entropy"] = token_mean(scaled_entropy(logits, cfg.temperature), mb.loss_mask, step_inputs)
+    loss = aggregate(per_tok, mb.loss_mask, cfg.aggregation, num_tokens_global=step_inputs["num_tokens"],
+                     num_seqs_global=step_inputs["num_seqs"], max_len=max_len)
+    return loss, metrics
+  return loss_fn
 
 
-def make_rl_step(model: Transformer, tx: optax.GradientTransformation, cfg: RLLossConfig,
-                 micro_batches: int = 1):
-  """`rl_step(state, batch) -> (state, metrics)`.
-
-  batch: tokens, attention_mask [N, P+R]; response, response_mask, old_logp (, ref_logp) [N, R];
-  advantages [N] or [N, R]; optional routed_experts for MoE replay.
-  """
-
-  @functools.partial(jax.jit, donate_argnums=0)
-  def rl_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    norms = loss_normalizers(batch["response_mask"])
-    loss, grads, metrics = _accumulate(lambda p, mb: rl_loss(model, cfg, p, mb, norms), state.params, batch,
-                                       micro_batches)
-    state, info = _apply(state, tx, grads)
-    return state, {"loss": loss, **metrics, **info}
-
-  return rl_step
+def make_rl_step(model: Transformer, tx: optax.GradientTransformation, cfg, sampling: SamplingConfig,
+                 micro_batches: int = 1, replay_routing: bool = False):
+  """`rl_step(state, batch: TrainBatch, step_inputs) -> (state, metrics)`; `cfg` is the RL stage section
+  (policy_loss, eps_low/high, dual_clip, aggregation, kl_estimator, kl_beta, entropy_coef, temperature,
+  max_new_tokens, loss_terms); pass `default_step_inputs(cfg)` (or annealed values) as step_inputs."""
+  return make_update_step(make_rl_loss(model, cfg, sampling, replay_routing), tx, micro_batches, rl_counts)

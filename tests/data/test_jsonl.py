@@ -1,4 +1,4 @@
-"""JSONL import: GSM8K-style parsing, errors that list every bad line, and the `jsonl` task's grading."""
+"""JSONL import: GSM8K-style parsing, extra fields, errors that list every bad line, and the `jsonl` task."""
 import json
 
 import numpy as np
@@ -23,7 +23,82 @@ def test_gsm8k_style_answer_is_split(tmp_path):
                                                    "extra": 1})])
   rows = load_jsonl(path)
   assert rows == [{"prompt": "How many clips?", "answer": "72", "solution": GSM8K_SOLUTION},
-                  {"prompt": "Capital of France?", "answer": "Paris"}]
+                  {"prompt": "Capital of France?", "answer": "Paris", "extra": 1}]
+
+
+RICH = {"prompt": "Write a haiku.", "answer": "ok",
+        "rubric": {"criteria": [{"name": "form", "weight": 0.7}, {"name": "tone", "weight": 0.3}]},
+        "tests": [[1, 2], [3, 4]], "difficulty": 3.5, "reference": "old pond / frog", "tags": [],
+        "flag": None, "unicode": "naïve ☃"}
+
+
+def test_extra_fields_are_kept_with_any_json_value(tmp_path):
+  path = _write(tmp_path / "d.jsonl", [json.dumps(RICH),
+                                       json.dumps({"prompt": "q", "answer": "s #### 4", "solution": "mine"})])
+  rich, own = load_jsonl(path)
+  assert rich == RICH
+  assert own == {"prompt": "q", "answer": "4", "solution": "mine"}        # a line's own solution wins
+  task = make_task("jsonl", path=str(path))
+  assert task.demonstration(own) == "mine" and task.demonstration(rich) == "ok"
+
+
+def test_jsonl_task_returns_fresh_copies(tmp_path):
+  path = _write(tmp_path / "d.jsonl", [json.dumps(RICH)])
+  task = make_task("jsonl", path=str(path))
+  example = task.make_example(np.random.default_rng(0))
+  example["rubric"]["criteria"].clear()                                  # a reward mutating its input
+  assert task.make_example(np.random.default_rng(0)) == RICH
+
+
+def test_missing_required_fields_are_listed_with_other_bad_lines(tmp_path):
+  path = _write(tmp_path / "d.jsonl", [
+      json.dumps({"prompt": "a", "answer": "1", "rubric": {}, "tests": []}),
+      json.dumps({"prompt": "b", "answer": "1", "tests": [1]}),            # 2: no rubric
+      "[1]",                                                               # 3: not an object
+      json.dumps({"prompt": "c", "answer": 2}),                            # 4: bad answer, both missing
+  ])
+  with pytest.raises(ValueError) as info:
+    load_jsonl(path, required_fields=("rubric", "tests"))
+  message = str(info.value)
+  assert "3 malformed line(s)" in message and "and the required field(s) 'rubric', 'tests'" in message
+  assert "line 2: missing required field 'rubric'\n" in message
+  assert "line 3: expected a JSON object" in message
+  assert ("line 4: 'answer' must be a string, got int; missing required field 'rubric'; missing required "
+          "field 'tests'") in message
+  assert "line 1:" not in message
+
+
+def test_required_solution_may_come_from_the_answer(tmp_path):
+  path = _write(tmp_path / "d.jsonl", [json.dumps({"prompt": "a", "answer": "steps #### 1"}),
+                                       json.dumps({"prompt": "b", "answer": "1", "solution": "steps"}),
+                                       json.dumps({"prompt": "c", "answer": "1"})])
+  with pytest.raises(ValueError, match=r"1 malformed(?s:.*)line 3: missing required field 'solution'"):
+    load_jsonl(path, required_fields=["solution"])
+
+
+def test_reserved_and_badly_typed_fields_are_refused(tmp_path):
+  path = _write(tmp_path / "d.jsonl", [json.dumps({"prompt": "p", "answer": "a", "fields": {}}),
+                                       json.dumps({"prompt": "p", "answer": "a", "demonstration": "x"}),
+                                       json.dumps({"prompt": "p", "answer": "a", "solution": 3})])
+  with pytest.raises(ValueError) as info:
+    load_jsonl(path)
+  message = str(info.value)
+  assert "line 1: 'fields' is a reserved name" in message
+  assert "line 2: 'demonstration' is a reserved name" in message
+  assert "line 3: 'solution' (the SFT demonstration) must be a string, got int" in message
+
+
+@pytest.mark.parametrize("required", [("rubric",), ["rubric"]])
+def test_jsonl_task_required_fields(tmp_path, required):
+  path = _write(tmp_path / "d.jsonl", [json.dumps({"prompt": "q", "answer": "1"})])
+  assert make_task("jsonl", path=str(path)).required_fields == ()
+  with pytest.raises(ValueError, match="line 1: missing required field 'rubric'"):
+    make_task("jsonl", path=str(path), required_fields=required)
+  path = _write(tmp_path / "d.jsonl", [json.dumps({"prompt": "q", "answer": "1", "rubric": [1]})])
+  assert make_task("jsonl", path=str(path), required_fields=required).required_fields == ("rubric",)
+  for bad in ("rubric", [1], [""]):
+    with pytest.raises(ValueError, match="required_fields must be a tuple or list"):
+      make_task("jsonl", path=str(path), required_fields=bad)
 
 
 def test_malformed_lines_are_all_listed(tmp_path):

@@ -62,6 +62,17 @@ def test_registry_and_parameter_validation():
     make_task("countdown", min_value=0)
 
 
+def test_tasks_declare_the_fields_their_examples_carry():
+  for name, kwargs in [("arithmetic", {}), ("countdown", {})]:
+    task = make_task(name, **kwargs)
+    assert isinstance(task.required_fields, tuple) and all(isinstance(f, str) for f in task.required_fields)
+    example = task.make_example(np.random.default_rng(0))
+    assert set(task.required_fields) <= set(example)
+  assert make_task("countdown").required_fields == ("solution",)
+  with pytest.raises(ValueError, match="unknown parameter"):     # fixed by the generator, not by config
+    make_task("arithmetic", required_fields=("x",))
+
+
 @pytest.mark.parametrize("name,kwargs", [("arithmetic", {"ops": "+-*", "num_operands": 3}),
                                          ("countdown", {})])
 def test_examples_are_deterministic_per_seed(name, kwargs):

@@ -1,11 +1,17 @@
-"""tfds builders without TensorFlow: array_record files, idempotent prepare, disjoint splits, JSONL import."""
+"""tfds builders without TensorFlow: array_record files, idempotent prepare, disjoint splits, JSONL import,
+extra fields as canonical JSON."""
+import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 
-from rlkit.data import make_task
+from rlkit.data import TASKS, make_task
+from rlkit.data.pipeline import make_iterator
+from rlkit.data.tasks import Arithmetic
 from rlkit.data.tfds_builders import config_name, generate_splits, prepare, prepare_jsonl
+from rlkit.models.tokenizer import CharTokenizer
 
 ARITH = {"ops": "+-", "min_digits": 1, "max_digits": 2}
 
@@ -82,8 +88,9 @@ def test_prepare_jsonl(tmp_path):
   data_dir = tmp_path / "data"
   sources = prepare_jsonl({"train": str(train), "test": str(test)}, str(data_dir))
   assert {k: len(v) for k, v in sources.items()} == {"train": 7, "test": 1}
-  assert _text(sources["train"][3]) == {"prompt": "q3", "answer": "3", "demonstration": "because #### 3"}
-  assert _text(sources["test"][0]) == {"prompt": "q", "answer": "a", "demonstration": "a"}
+  assert _text(sources["train"][3]) == {"prompt": "q3", "answer": "3", "demonstration": "because #### 3",
+                                        "fields": '{"solution":"because #### 3"}'}
+  assert _text(sources["test"][0]) == {"prompt": "q", "answer": "a", "demonstration": "a", "fields": "{}"}
   files = _files(data_dir)
   prepare_jsonl({"train": str(train), "test": str(test)}, str(data_dir))
   assert _files(data_dir) == files
@@ -91,3 +98,68 @@ def test_prepare_jsonl(tmp_path):
   with pytest.raises(ValueError, match="line 1: invalid JSON"):
     prepare_jsonl({"train": str(train)}, str(data_dir))
   assert _files(data_dir) == files
+
+
+def test_extra_fields_are_stored_as_canonical_json(tmp_path):
+  line = {"prompt": "p", "answer": "a", "z": {"b": [1, {"c": None}], "a": 2.5}, "y": "☃"}
+  path = tmp_path / "d.jsonl"
+  path.write_text(json.dumps(line, ensure_ascii=False) + "\n", encoding="utf-8")
+  stored = prepare_jsonl({"train": str(path)}, str(tmp_path / "data"))["train"][0]["fields"].decode()
+  assert stored == '{"y":"\\u2603","z":{"a":2.5,"b":[1,{"c":null}]}}'     # sorted keys, no spaces, ASCII
+  assert json.loads(stored) == {"z": line["z"], "y": line["y"]}
+
+
+def test_missing_required_field_fails_before_writing(tmp_path):
+  train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+  train.write_text(json.dumps({"prompt": "q", "answer": "1", "rubric": {"w": 1}}) + "\n")
+  test.write_text("\n".join([json.dumps({"prompt": "q", "answer": "1", "rubric": {}}),
+                             json.dumps({"prompt": "r", "answer": "2", "rubrik": {}})]) + "\n")
+  data_dir = tmp_path / "data"
+  with pytest.raises(ValueError, match=r"test.jsonl: 1 malformed(?s:.*)line 2: missing required field "
+                                       r"'rubric'"):
+    prepare_jsonl({"train": str(train), "test": str(test)}, str(data_dir), required_fields=("rubric",))
+  assert not data_dir.exists()
+  sources = prepare_jsonl({"train": str(train)}, str(data_dir), required_fields=["rubric"])
+  assert json.loads(sources["train"][0]["fields"]) == {"rubric": {"w": 1}}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaggedArithmetic(Arithmetic):
+  """Arithmetic whose examples carry extra fields of every JSON kind (`broken` ones that are not JSON)."""
+  broken: bool = False
+  name: str = dataclasses.field(default="tagged_arithmetic", init=False)
+  required_fields: tuple = dataclasses.field(default=("difficulty",), init=False)
+
+  def make_example(self, rng):
+    example = super().make_example(rng)
+    difficulty = np.int64(1) if self.broken else len(example["prompt"])
+    return {**example, "difficulty": difficulty, "meta": {"ops": list(self.ops), "tests": [[1, 2]]}}
+
+
+@pytest.fixture
+def tagged_task(monkeypatch):
+  monkeypatch.setitem(TASKS._entries, "tagged_arithmetic", TaggedArithmetic)   # registered for this test only
+  return "tagged_arithmetic"
+
+
+def test_synthetic_extra_fields_are_stored(tmp_path, tagged_task):
+  sources = prepare(tagged_task, {"ops": "+-"}, 20, 5, 0, str(tmp_path))
+  rows = generate_splits(make_task(tagged_task, ops="+-"), 20, 5, 0)
+  for i in range(20):
+    row = _text(sources["train"][i])
+    assert row == rows["train"][i]
+    assert json.loads(row["fields"]) == {"difficulty": len(row["prompt"]), "meta": {"ops": ["+", "-"],
+                                                                                    "tests": [[1, 2]]}}
+  (batch,) = list(make_iterator(sources["train"], 20, 0, CharTokenizer(), 12, num_epochs=1))
+  assert [f["difficulty"] for f in batch["fields"]] == [len(p) for p in batch["prompt"]]
+  assert all(f["meta"] == {"ops": ["+", "-"], "tests": [[1, 2]]} for f in batch["fields"])
+  countdown = prepare("countdown", {"max_numbers": 3}, 5, 1, 0, str(tmp_path))["train"][0]
+  assert json.loads(countdown["fields"]) == {"solution": countdown["demonstration"].decode()}
+
+
+def test_synthetic_fields_must_be_json_and_have_the_required_ones(tagged_task, monkeypatch):
+  with pytest.raises(ValueError, match="extra fields must be plain JSON values"):
+    generate_splits(make_task(tagged_task, broken=True), 5, 1, 0)
+  monkeypatch.setattr(TaggedArithmetic, "make_example", Arithmetic.make_example)
+  with pytest.raises(ValueError, match=r"lacks the required field\(s\) \['difficulty'\]"):
+    generate_splits(make_task(tagged_task), 5, 1, 0)

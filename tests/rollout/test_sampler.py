@@ -147,7 +147,7 @@ def test_moe_rollout_records_routing_and_replay_rescores_exactly():
   assert routed.shape == (4, prompt.shape[1] + 6, len(MOE.moe_layers), 2)
   np.testing.assert_allclose(response_logprobs(model, params, out, cfg, replay_routing=True), out.logprobs,
                              atol=1e-5)
-  _, full = response_forward(model, params, out)
+  _, full = response_forward(model, params, out.tokens, out.attention_mask, out.response.shape[1])
   valid = np.asarray(out.attention_mask)
   same = np.sort(np.asarray(full.routed_experts), -1) == np.sort(np.asarray(routed), -1)
   assert same.all(axis=(-1, -2))[valid].all()

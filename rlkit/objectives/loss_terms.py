@@ -1,0 +1,103 @@
+"""Loss terms: the pieces the update step sums into one per-token loss (registry `LOSS_TERMS`).
+
+A loss term is built once from the stage config, `make(cfg) -> term`, and the term is a pure array function
+
+  term(logp, logits, batch, step_inputs) -> (per-token loss [N, R], {name: Metric})
+
+with `logp` [N, R] the differentiated log-probs of the batch's response tokens (under the sampler's
+processing: temperature, top-k, top-p), `logits` [N, R, V] the raw logits that predict them, `batch` a
+`TrainBatch`, and `step_inputs` a dict of traced scalars: the full batch's `num_tokens` / `num_seqs` (loss-mask
+counts, for normalising metrics across micro-batches) and any per-step values a method passes in (an annealed
+weight, a calibration scale) without recompiling the step. The step computes
+
+  l_t  = sum_terms  step_inputs["weight/<term>"] * term_t           (weights: traced, default from config)
+  loss = aggregate(l * token_weights, loss_mask, aggregation)
+
+so a token with weight 0 contributes exactly what a masked token does, except that it stays in the attention
+and in the normaliser. Metrics are `Metric`s: a "mean" metric's value is this slice's share of the full
+batch's mean (divide by `step_inputs["num_tokens"]`), so micro-batches add up exactly.
+
+Registered: `policy` (the clipped surrogate from `POLICY_LOSSES`), `kl` (penalty to the reference model,
+weight `kl_beta`), `entropy` (bonus, weight `entropy_coef`, loss `-H`), `nll` (SFT's next-token
+cross-entropy). A method adds its own (distillation, calibration, ...) with `LOSS_TERMS.register`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from rlkit.core.registry import Registry
+from rlkit.core.types import Metric
+from rlkit.objectives.entropy import token_entropy
+from rlkit.objectives.kl import kl_penalty
+from rlkit.objectives.policy_losses import POLICY_LOSSES
+
+Array = jax.Array
+LossTerm = Callable[[Array, Array, Any, dict], tuple[Array, dict[str, Metric]]]
+
+# name -> factory(cfg) -> LossTerm; cfg is the stage config section (read what the term needs from it).
+LOSS_TERMS: Registry[Callable[[Any], LossTerm]] = Registry("loss term")
+
+
+def token_mean(x: Array, mask: Array, step_inputs: dict) -> Metric:
+  """This slice's share of the full batch's masked token mean of `x`."""
+  return Metric(jnp.sum(jnp.where(mask, x, 0.0)) / step_inputs["num_tokens"])
+
+
+@LOSS_TERMS.register("policy")
+def policy_term(cfg) -> LossTerm:
+  """`POLICY_LOSSES[cfg.policy_loss]` on (logp, old_logp, advantages) with the configured clip ranges."""
+  loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
+  clip = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+  if cfg.dual_clip:
+    clip["dual_clip"] = cfg.dual_clip
+
+  def term(logp, logits, batch, step_inputs):
+    del logits
+    mask = batch.loss_mask
+    per_tok, m = loss_fn(logp, batch.old_logp, batch.advantages, mask, **clip)
+    # The loss reports masked means over its own rows; scaled by the slice's token count they become shares
+    # of the full batch's mean.
+    share = jnp.sum(mask.astype(jnp.float32)) / step_inputs["num_tokens"]
+    return per_tok, {k: Metric(v * share) for k, v in m.items()}
+  return term
+
+
+@LOSS_TERMS.register("kl")
+def kl_term(cfg) -> LossTerm:
+  """Per-token KL estimate `KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)` to the reference model."""
+  def term(logp, logits, batch, step_inputs):
+    del logits
+    kl = kl_penalty(cfg.kl_estimator, logp, jax.lax.stop_gradient(batch.ref_logp))
+    return kl, {"kl": token_mean(kl, batch.loss_mask, step_inputs)}
+  return term
+
+
+def scaled_entropy(logits: Array, temperature: float) -> Array:
+  """[N, R] entropy of softmax(logits / T): the full sampling distribution before top-k / top-p."""
+  return token_entropy(logits.astype(jnp.float32) / temperature)
+
+
+@LOSS_TERMS.register("entropy")
+def entropy_term(cfg) -> LossTerm:
+  """`-H(pi_t)`: minimising it with a positive weight is an entropy bonus. Reports the `entropy` metric."""
+  def term(logp, logits, batch, step_inputs):
+    del logp
+    entropy = scaled_entropy(logits, cfg.temperature)
+    return -entropy, {"entropy": token_mean(entropy, batch.loss_mask, step_inputs)}
+  return term
+
+
+@LOSS_TERMS.register("nll")
+def nll_term(cfg) -> LossTerm:
+  """Next-token cross-entropy `-logp` (SFT), with token accuracy (target logit is the row maximum)."""
+  del cfg
+
+  def term(logp, logits, batch, step_inputs):
+    # Argmax up to exact ties: one max, which the log-normaliser also computes, instead of a variadic argmax.
+    target_logit = jnp.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]
+    correct = (target_logit >= jnp.max(logits, axis=-1)) & batch["target_mask"]
+    return -logp, {"token_accuracy": Metric(jnp.sum(correct) / step_inputs["num_tokens"])}
+  return term

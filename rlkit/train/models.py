@@ -1,0 +1,235 @@
+"""Models by role: the policy and the others a run declares (reference, teacher, peer, critic, ...), each built
+from config fields or loaded from a Hugging Face folder, an rlkit workdir or an rlkit checkpoint.
+
+`load_model(path)` is the one loader; it tells the sources apart by what the folder holds:
+
+  source                      the folder holds               model from                     tokenizer from
+  Hugging Face folder         config.json (with model_type)  `rlkit.models.hf.load`         its tokenizer.json,
+                              + *.safetensors                                               else None
+  rlkit workdir               checkpoints/                   its newest checkpoint, as below
+  rlkit checkpoint directory  workdir/checkpoints/<step>     the `model` item's config +    the `model` item's
+                              (state/, meta/, model/)        `state["train"].params`        tokenizer spec
+
+An rlkit checkpoint says what its params are in its `model` item (`model_spec`: the `TransformerConfig` and
+the tokenizer's `{"kind", "path"}`, written by `Checkpointer(..., model_spec=...)`). Only the policy params
+are read, by an Orbax partial restore (`checkpoint.CheckpointReader.restore_params`), so loading needs neither
+the optimizer that wrote the checkpoint nor the structure of its state. Params land on the mesh by the same
+partition rules as the policy (`rlkit.parallel.rules`); from a checkpoint each array is read straight into
+its shards.
+
+`build_models(config.models, ...)` gives one `Model(module, params, tokenizer, trainable)` per role. A role
+section is `role_model_defaults()`: the policy's `model_defaults()` fields plus `trainable` (frozen models,
+the default, never enter an optimizer). With a `path`, only the section's `param_dtype`, `dtype` and
+`attention` apply; the architecture comes from the source.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+from typing import Any, Mapping, NamedTuple, Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from rlkit.models.tokenizer import Tokenizer, make_tokenizer
+from rlkit.models.transformer import Transformer, TransformerConfig
+from rlkit.parallel.rules import param_shardings, shard_params, sharded_init
+from rlkit.train import checkpoint as ckpt
+from rlkit.train.config import model_defaults
+
+_SOURCES = ("a Hugging Face folder (config.json + *.safetensors), an rlkit workdir (with checkpoints/) or an "
+            "rlkit checkpoint directory (workdir/checkpoints/<step>)")
+
+
+class Model(NamedTuple):
+  module: Transformer
+  params: Any
+  tokenizer: Tokenizer
+  trainable: bool            # False: frozen, never given to an optimizer
+
+
+def role_model_defaults() -> ml_collections.ConfigDict:
+  """A `config.models.<role>` section: the policy's model fields (documented in config.py) + `trainable`."""
+  c = model_defaults()
+  c.trainable = False           # train it too (a critic, a peer); frozen models never enter an optimizer
+  return c
+
+
+# ------------------------------------------------------------------------------------------ specs
+
+def transformer_config(section, vocab_size: int) -> TransformerConfig:
+  """The `TransformerConfig` of a model section's fields; `vocab_size` is the tokenizer's, which a nonzero
+  `section.vocab_size` overrides (it may pad the vocabulary, not cut it)."""
+  vocab = section.vocab_size or vocab_size
+  if vocab < vocab_size:
+    raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's {vocab_size}.")
+  return TransformerConfig(
+      vocab_size=vocab, hidden_size=section.hidden_size, intermediate_size=section.intermediate_size,
+      num_layers=section.num_layers, num_heads=section.num_heads, num_kv_heads=section.num_kv_heads,
+      head_dim=section.head_dim, rope_theta=section.rope_theta, rms_norm_eps=section.rms_norm_eps,
+      tie_word_embeddings=section.tie_word_embeddings, num_experts=section.num_experts,
+      num_experts_per_tok=section.num_experts_per_tok, moe_intermediate_size=section.moe_intermediate_size,
+      param_dtype=section.param_dtype, dtype=section.dtype, attention=section.attention)
+
+
+def model_spec(cfg: TransformerConfig, tokenizer: Mapping[str, str]) -> dict:
+  """The JSON a checkpoint carries about its model: `cfg` and the tokenizer `{"kind", "path"}` (e.g. the
+  `config.tokenizer` section; a relative path is made absolute, so the checkpoint loads from anywhere)."""
+  path = tokenizer.get("path", "") or ""
+  return {"transformer": dataclasses.asdict(cfg),
+          "tokenizer": {"kind": tokenizer["kind"], "path": os.path.abspath(path) if path else ""}}
+
+
+def tokenizer_from_spec(spec: Mapping[str, str]) -> Tokenizer:
+  """The tokenizer of a `{"kind", "path"}` spec (a `model_spec` entry, or the `config.tokenizer` section)."""
+  kw = {"path_or_tokenizer_json": spec["path"]} if spec["kind"] == "hf" else {}
+  return make_tokenizer(spec["kind"], **kw)
+
+
+def _config_from_spec(spec: dict, where: str) -> TransformerConfig:
+  raw = dict(spec.get("transformer") or {})
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+  unknown = sorted(set(raw) - fields)
+  if not raw or unknown:
+    raise ValueError(f"Checkpoint {where}: its model spec's 'transformer' entry "
+                     f"{'has unknown fields ' + str(unknown) if unknown else 'is missing'}; expected the "
+                     f"fields of TransformerConfig ({', '.join(sorted(fields))}).")
+  try:   # JSON turns tuples (mlp_only_layers) into lists
+    return TransformerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+  except TypeError as e:
+    raise ValueError(f"Checkpoint {where}: its model spec does not make a TransformerConfig: {e}.") from None
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+def _resolve(path: str) -> tuple[str, str, Optional[int]]:
+  """("hf", folder, None) or ("checkpoint", checkpoints folder, step) for a model path, or a clear error."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"Model path {path} does not exist; expected {_SOURCES}.")
+  if not os.path.isdir(path):
+    raise NotADirectoryError(f"Model path {path} is a file, not a folder; expected {_SOURCES}.")
+  checkpoints = os.path.join(path, "checkpoints")
+  if os.path.isdir(checkpoints):
+    return "checkpoint", checkpoints, None
+  config_file = os.path.join(path, "config.json")
+  if os.path.isfile(config_file):
+    try:
+      config = json.loads(open(config_file).read())
+    except ValueError as e:
+      raise ValueError(f"Model path {path}: {config_file} is not valid JSON ({e}).") from None
+    if isinstance(config, dict) and "model_type" in config:
+      return "hf", path, None
+    if isinstance(config, dict) and "stages" in config:
+      raise FileNotFoundError(f"Model path {path} is an rlkit workdir without checkpoints/ (its run saved "
+                              "none); expected a workdir with a finished checkpoint.")
+  name = os.path.basename(os.path.normpath(path))
+  if name.isdigit() and os.path.isdir(os.path.join(path, ckpt.STATE)):
+    return "checkpoint", os.path.dirname(os.path.abspath(path)), int(name)
+  raise ValueError(f"Model path {path} is none of the sources a model loads from (it holds "
+                   f"{sorted(os.listdir(path))[:10]}); expected {_SOURCES}.")
+
+
+def _override(cfg: TransformerConfig, dtype, param_dtype, attention) -> TransformerConfig:
+  kw = dict(dtype=dtype, param_dtype=param_dtype, attention=attention)
+  return cfg.replace(**{k: v for k, v in kw.items() if v is not None})
+
+
+def _abstract_params(module: Transformer) -> Any:
+  return jax.eval_shape(lambda: module.init(jax.random.key(0), np.zeros((1, 1), np.int32))["params"])
+
+
+def _load_checkpoint(directory: str, step: Optional[int], dtype, param_dtype, attention, mesh):
+  reader = ckpt.CheckpointReader(directory)
+  try:
+    if step is None:   # a workdir: its newest checkpoint
+      step = reader.latest_step()
+      if step is None:
+        raise FileNotFoundError(f"rlkit workdir {os.path.dirname(directory)} has no finished checkpoint in "
+                                f"{directory}; point the model path at a workdir whose run saved one "
+                                "(checkpoint.every), or at another source.")
+    where = reader.step_dir(step)
+    spec = reader.model_spec(step)
+    module = Transformer(_override(_config_from_spec(spec, where), dtype, param_dtype, attention))
+    shapes = _abstract_params(module)
+    if mesh is None:
+      one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      shardings = jax.tree.map(lambda _: one, shapes)
+    else:
+      shardings = param_shardings(shapes, mesh)
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+    params = reader.restore_params(step, target)
+  finally:
+    reader.close()
+  try:
+    tokenizer = tokenizer_from_spec(spec["tokenizer"])
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"Checkpoint {where}: its model spec has no usable tokenizer entry {{'kind', 'path'}} "
+                     f"({e!r}).") from None
+  except (FileNotFoundError, ValueError) as e:
+    raise type(e)(f"Checkpoint {where} names tokenizer {spec['tokenizer']}, which does not load: {e}") from None
+  return module, params, tokenizer
+
+
+def load_model(path: str, *, dtype: Optional[str] = None, param_dtype: Optional[str] = None,
+               attention: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None
+               ) -> tuple[Transformer, Any, Optional[Tokenizer]]:
+  """`(module, params, tokenizer)` from a Hugging Face folder, an rlkit workdir or an rlkit checkpoint.
+
+  `dtype`, `param_dtype`, `attention` override the source's (None keeps them). With `mesh` the params are
+  placed by the policy's partition rules, else on the first local device. `tokenizer` is None for a
+  Hugging Face folder without tokenizer.json.
+  """
+  path = os.fspath(path)
+  kind, folder, step = _resolve(path)
+  if kind == "checkpoint":
+    return _load_checkpoint(folder, step, dtype, param_dtype, attention, mesh)
+  from rlkit.models import hf   # local: only HF users pay for safetensors
+  module, params = hf.load(folder, dtype=dtype, param_dtype=param_dtype, attention=attention or "xla")
+  if mesh is not None:
+    params = shard_params(params, mesh)
+  has_tokenizer = os.path.isfile(os.path.join(folder, "tokenizer.json"))
+  return module, params, tokenizer_from_spec({"kind": "hf", "path": folder}) if has_tokenizer else None
+
+
+# ----------------------------------------------------------------------------------------- building
+
+def _build(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_own: bool):
+  """(module, params, the source's tokenizer or None) of one model section; the model is checked against
+  the tokenizer it will be used with: the source's when `use_own` and it has one, else `tokenizer`."""
+  if section.path:
+    module, params, own = load_model(section.path, dtype=section.dtype, param_dtype=section.param_dtype,
+                                     attention=section.attention, mesh=mesh)
+    user = (own if use_own else None) or tokenizer
+    if module.cfg.vocab_size < user.vocab_size:
+      raise ValueError(f"{where}.path={section.path!r} has vocab_size={module.cfg.vocab_size}, smaller than "
+                       f"its tokenizer's {user.vocab_size} ({user!r}); use the tokenizer it was trained with.")
+    return module, params, own
+  module = Transformer(transformer_config(section, tokenizer.vocab_size))
+  init = lambda k: module.init(k, np.zeros((1, 1), np.int32))["params"]  # noqa: E731
+  return module, sharded_init(init, key, mesh), None
+
+
+def build_model(section, tokenizer: Tokenizer, key: jax.Array, mesh) -> tuple[Transformer, Any]:
+  """(module, params) of a model section: loaded from `section.path` (see `load_model`), else initialised
+  from the fields with `key`, directly sharded on `mesh`. The model must cover `tokenizer`'s vocabulary."""
+  module, params, _ = _build(section, tokenizer, key, mesh, "model", use_own=False)
+  return module, params
+
+
+def build_models(models_section, tokenizer: Tokenizer, key: jax.Array, mesh) -> dict[str, Model]:
+  """One `Model` per role of `config.models` (each a `role_model_defaults()` section).
+
+  A role's tokenizer is its source's when it has one (a checkpoint, an HF folder with tokenizer.json), else
+  `tokenizer` (the run's). A role initialised from fields draws from `fold_in(key, crc32(role))`, so adding
+  or renaming another role does not change it.
+  """
+  out = {}
+  for role in models_section.keys():
+    section = models_section[role]
+    role_key = jax.random.fold_in(key, zlib.crc32(role.encode()) & 0x7FFFFFFF)
+    module, params, own = _build(section, tokenizer, role_key, mesh, f"models.{role}", use_own=True)
+    out[role] = Model(module, params, own or tokenizer, bool(section.trainable))
+  return out

@@ -1,0 +1,73 @@
+"""Phase 1, collect: G completions for each prompt of a batch, as `Samples` (device rollout + host rows).
+
+`Samples` keeps the sampler's `Rollout` (device arrays, every row) beside what the host knows of each row's
+example (prompt text, answer, extra fields) and where the row came from (`row_source`, `valid`), so later
+phases (rewards, filters, augmenters) can select and append rows without losing the pairing.
+
+Multi-host: the rollout's arrays are global; the host lists hold this process's rows only, in the order
+`host_rows` returns them (the process's contiguous slice of the global batch).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlkit.core.types import ROW_SOURCE, Rollout
+from rlkit.rollout.sampler import SamplingConfig, generate
+
+
+def host_rows(x) -> np.ndarray:
+  """This process's rows of a batch-sharded global array, in global order (all rows on one process)."""
+  if not isinstance(x, jax.Array) or jax.process_count() == 1 or x.is_fully_addressable:
+    return np.asarray(x)
+  shards = {}
+  for shard in x.addressable_shards:
+    rows = shard.index[0] if shard.index else slice(None)
+    shards.setdefault(rows.start or 0, shard.data)
+  return np.concatenate([np.asarray(shards[k]) for k in sorted(shards)], axis=0)
+
+
+@dataclasses.dataclass
+class Samples:
+  """Rows of one iteration so far. `rollout` [N, ...] on device; the host lists and arrays are [n] for this
+  process's n rows (n == N on one process)."""
+  rollout: Rollout
+  examples: list                # [n] dicts: prompt, answer, demonstration, fields (the example's extras)
+  row_source: np.ndarray        # [n] int32 index into ROW_SOURCES
+  valid: np.ndarray             # [n] bool; False on padding rows (all masks False)
+
+  def __len__(self) -> int:
+    return len(self.examples)
+
+  def take(self, rows: np.ndarray) -> "Samples":
+    rows = np.asarray(rows, np.int64)
+    return Samples(jax.tree.map(lambda x: x[rows], self.rollout), [self.examples[i] for i in rows],
+                   self.row_source[rows], self.valid[rows])
+
+  @staticmethod
+  def concat(parts: Sequence["Samples"]) -> "Samples":
+    if len(parts) == 1:
+      return parts[0]
+    rollout = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *[p.rollout for p in parts])
+    return Samples(rollout, [x for p in parts for x in p.examples],
+                   np.concatenate([p.row_source for p in parts]), np.concatenate([p.valid for p in parts]))
+
+
+def collect(model, params, batch: dict, key: jax.Array, sampling: SamplingConfig, group_size: int,
+            put_batch: Callable[[dict], dict], first_group_id: int = 0) -> Samples:
+  """Samples `group_size` completions for every prompt of `batch` (a `prompt_batch` dict of this process's
+  prompts). Group ids are `first_group_id + prompt index`, so ids stay unique across sampling rounds."""
+  n_prompts = len(batch["answer"])
+  rep = np.repeat(np.arange(n_prompts), group_size)
+  offset = first_group_id + jax.process_index() * n_prompts
+  dev = put_batch({"prompt": batch["prompt_tokens"][rep], "mask": batch["prompt_mask"][rep],
+                   "group_ids": (offset + rep).astype(np.int32)})
+  rollout = generate(model, params, dev["prompt"], dev["mask"], key, sampling, group_ids=dev["group_ids"])
+  examples = [{"prompt": batch["prompt"][i], "answer": batch["answer"][i],
+               "demonstration": batch["demonstration"][i],
+               "fields": batch["fields"][i] if "fields" in batch else {}} for i in range(n_prompts)]
+  return Samples(rollout, [examples[i] for i in rep], np.full(len(rep), ROW_SOURCE["policy"], np.int32), np.ones(len(rep), bool))

@@ -1,0 +1,59 @@
+"""Phase 6, score: the trainer's log-probs of every row's response, by the one scorer
+(`rlkit.rollout.scoring`), and the `TrainBatch` the update consumes.
+
+  old_logp      the policy before this iteration's updates (the PPO ratio's denominator)
+  ref_logp      the reference model (kl_beta > 0): the stage's initial policy, or `models.reference`
+  others        a method asks for more by role (e.g. a teacher's log-probs for distillation) through
+                `score_roles`, stored in `TrainBatch.extras["<role>_logp"]`
+
+All are taken under the sampler's processing (temperature, top-k, top-p), so `mismatch` (trainer old_logp
+vs the sampler's `rollout_logp`, over policy rows' response tokens) measures numerics alone: a mismatch
+well above float rounding means the trainer and the sampler compute different distributions.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlkit.core.types import ROW_SOURCE, TrainBatch
+from rlkit.train.phases.collect import Samples, host_rows
+
+
+def train_batch(samples: Samples, advantages: jax.Array, put_batch: Callable[[dict], dict],
+                token_weights: Optional[jax.Array] = None) -> TrainBatch:
+  """The update's batch from the selected, augmented rows (old/ref log-probs still zero: see `score`)."""
+  ro = samples.rollout
+  host = put_batch({"row_source": samples.row_source.astype(np.int32), "valid": samples.valid})
+  valid = host["valid"][:, None]
+  loss_mask = ro.response_mask & valid
+  attention_mask = ro.attention_mask & valid
+  zeros = jnp.zeros(ro.response.shape, jnp.float32)
+  return TrainBatch(tokens=ro.tokens, attention_mask=attention_mask, loss_mask=loss_mask, old_logp=zeros,
+                    rollout_logp=jnp.where(loss_mask, ro.logprobs, 0.0), advantages=advantages,
+                    token_weights=jnp.ones(ro.response.shape, jnp.float32) if token_weights is None
+                    else token_weights, group_ids=ro.group_ids, row_source=host["row_source"],
+                    extras=dict(ro.extras))
+
+
+def score(batch: TrainBatch, scorers: dict[str, tuple[Callable, Any]]) -> TrainBatch:
+  """Fills old_logp ("policy"), ref_logp ("reference") and extras["<role>_logp"] for every other role.
+
+  :param scorers: role -> (jitted `score(params, batch)`, params).
+  """
+  out = {}
+  for role, (fn, params) in scorers.items():
+    out[role] = fn(params, batch)
+  extras = dict(batch.extras, **{f"{r}_logp": v for r, v in out.items() if r not in ("policy", "reference")})
+  return batch.replace(old_logp=out["policy"], ref_logp=out.get("reference"), extras=extras)
+
+
+def mismatch(batch: TrainBatch) -> dict[str, float]:
+  """|trainer old_logp - sampler logp| over policy rows' response tokens (this process's rows)."""
+  policy = host_rows(batch.row_source) == ROW_SOURCE["policy"]
+  mask = host_rows(batch.loss_mask) & policy[:, None]
+  delta = np.abs(host_rows(batch.old_logp) - host_rows(batch.rollout_logp))[mask]
+  return {"mismatch/mean": float(delta.mean()) if delta.size else 0.0,
+          "mismatch/max": float(delta.max()) if delta.size else 0.0}

@@ -1,0 +1,205 @@
+"""The `rl` stage: the RL iteration composed from its phases (rlkit/train/phases/, methods/llm.md §12).
+
+  collect   G completions per prompt from the KV-cache sampler                          phases/collect.py
+  reward    the stage's reward function on one RewardBatch (+ overlong penalty)         phases/reward.py
+  filter    which groups to keep, and whether to sample another round (FILTERS)       phases/filter.py
+  augment   rows added to each group from elsewhere (AUGMENTERS; none by default)     phases/augment.py
+  advantages per-token advantages from each group's rewards (ADVANTAGES)              phases/advantages.py
+  score     old / reference (/ other roles') log-probs by the one scorer               phases/score.py
+  update    epochs x minibatches of the jitted step, a sum of LOSS_TERMS              phases/update.py
+
+Everything a method changes is a registered component named in the config; this module only wires them.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlkit.core.types import ROW_SOURCE
+from rlkit.data.pipeline import make_iterator
+from rlkit.optim.optimizers import make_optimizer
+from rlkit.rewards import REWARDS, VerifierExecutor, check_reward_kwargs, concat_outputs, take
+from rlkit.rollout.sampler import SamplingConfig
+from rlkit.rollout.scoring import make_scorer
+from rlkit.train.config import ConfigError, rl_defaults
+from rlkit.train.phases.advantages import token_advantages
+from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv
+from rlkit.train.phases.collect import Samples, collect, host_rows
+from rlkit.train.phases.filter import FILTERS, select_rows
+from rlkit.train.phases.reward import compute_rewards
+from rlkit.train.phases.score import mismatch, score, train_batch
+from rlkit.train.phases.update import ppo_updates
+from rlkit.train.stages import Stage, loop, register_stage
+from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step
+
+
+def _total_updates(cfg) -> int:
+  return cfg.steps * cfg.ppo_epochs * cfg.minibatches
+
+
+def _init(ctx, cfg, params):
+  state = {"train": init_train_state(params, make_optimizer(cfg.optimizer, _total_updates(cfg)))}
+  if cfg.kl_beta > 0 and "reference" not in ctx.models:   # the reference defaults to the initial policy
+    state["ref_params"] = jax.tree.map(jnp.copy, params)
+  return state
+
+
+def sampling_config(cfg, tokenizer) -> SamplingConfig:
+  return SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                        top_p=cfg.top_p, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
+
+
+def _scorers(ctx, cfg, state, sampling) -> dict:
+  """role -> (jitted scorer, params): the policy (old log-probs) and, with kl_beta > 0, the reference."""
+  policy = make_scorer(ctx.model, sampling, cfg.replay_routing)
+  scorers = {"policy": (policy, None)}
+  if cfg.kl_beta > 0:
+    if "reference" in ctx.models:
+      ref = ctx.models["reference"]
+      scorers["reference"] = (make_scorer(ref.module, sampling), ref.params)
+    else:
+      scorers["reference"] = (policy, state["ref_params"])
+  return scorers
+
+
+def policy_metrics(rewards, samples: Samples, group_size: int) -> dict[str, float]:
+  """What the policy's own rows achieved: reward, accuracy (from the reward's `correct`), lengths."""
+  r = rewards.rewards
+  lengths = host_rows(samples.rollout.lengths)
+  m = {"reward": float(np.mean(r)), "response_len": float(lengths.mean()),
+       "informative_groups": float(np.mean(r.reshape(-1, group_size).std(axis=1) > 0))}
+  for name, values in rewards.components.items():
+    m[f"reward/{name}"] = float(np.mean(values))
+  if rewards.correct is not None:
+    correct = np.asarray(rewards.correct, bool)
+    m["accuracy"] = float(np.mean(correct))
+    m["response_len_correct"] = float(lengths[correct].mean()) if correct.any() else 0.0
+    m["response_len_wrong"] = float(lengths[~correct].mean()) if (~correct).any() else 0.0
+  return m
+
+
+def _run(ctx, cfg, state, start: int, meta: dict):
+  tok = ctx.tokenizer
+  tx = make_optimizer(cfg.optimizer, _total_updates(cfg))
+  sampling = sampling_config(cfg, tok)
+  step_fn = make_rl_step(ctx.model, tx, cfg, sampling, cfg.micro_batches, cfg.replay_routing)
+  step_inputs = default_step_inputs(cfg)
+  scorers = _scorers(ctx, cfg, state, sampling)
+  executor = VerifierExecutor(timeout_s=cfg.reward.timeout_s)
+  reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
+  keep = FILTERS.get(cfg.filter)
+  augmenter = AUGMENTERS.get(cfg.augment)(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
+  group, prompts = cfg.group_size, cfg.prompts_per_step
+  it = make_iterator(ctx.train_source, prompts, ctx.config.seed + 1000 * meta["stage_index"], tok,
+                     ctx.config.data.max_prompt_len, process_index=jax.process_index(),
+                     process_count=jax.process_count())
+
+  def iteration(state, batch, key, iterator):
+    train = state["train"]
+    t0 = time.perf_counter()
+    parts, outputs, rounds = [], [], 0
+    while True:                                             # collect -> reward -> filter, in rounds
+      s = collect(ctx.model, train.params, batch, jax.random.fold_in(key, rounds), sampling, group, ctx.put_batch,
+                  first_group_id=rounds * prompts)
+      parts.append(s), outputs.append(compute_rewards(reward_fn, s, tok, cfg))
+      rounds += 1
+      selection = keep(concat_outputs(outputs).rewards, group, prompts)
+      if selection.done or rounds > cfg.max_sampling_rounds:
+        break
+      batch = next(iterator)
+    samples, rewards = Samples.concat(parts), concat_outputs(outputs)
+    rows = select_rows(selection, len(samples), group, prompts)
+    samples, rewards = samples.take(rows), take(rewards, rows)
+    metrics = policy_metrics(rewards, samples, group)
+    samples, rewards = augmenter(samples, rewards, jax.random.fold_in(key, 5_000))
+    sample_s = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    capacity = group + augmenter.extra_rows
+    adv = token_advantages(cfg.advantage, rewards.rewards, capacity, cfg.max_new_tokens, cfg.adv_eps,
+                           samples.valid)
+    batch = score(train_batch(samples, adv, ctx.put_batch),
+                  dict(scorers, policy=(scorers["policy"][0], train.params)))
+    metrics.update(mismatch(batch))
+    train, update_metrics, skipped = ppo_updates(step_fn, train, batch, key, cfg.ppo_epochs, cfg.minibatches,
+                                                 step_inputs)
+    update_s = time.perf_counter() - t1
+    metrics.update(update_metrics)
+    first = outputs[0]
+    if first.correct is not None:
+      metrics["sampled_accuracy"] = float(np.mean(first.correct))
+    failures = rewards.failures
+    metrics.update({
+        "reward_failures": int(sum(failures.values())), **{f"reward_failures/{k}": v for k, v in failures.items()},
+        "sampling_rounds": rounds, "sample_s": sample_s, "update_s": update_s,
+        "gen_tokens_per_s": float(np.sum(host_rows(samples.rollout.lengths))) / max(sample_s, 1e-9),
+        "tokens_per_s": cfg.ppo_epochs * float(jnp.sum(batch.attention_mask)) / max(update_s, 1e-9),
+    })
+    if augmenter.extra_rows:
+      metrics["rows/teacher"] = int(np.sum(samples.row_source == ROW_SOURCE["teacher"]))
+    return dict(state, train=train), metrics, skipped
+
+  try:
+    return loop(ctx, cfg, state, start, meta, it, iteration, ("reward", "accuracy", "mismatch/mean"))
+  finally:
+    executor.close()
+
+
+
+def validate(section, name: str) -> None:
+  """Range checks of an RL section (types and unknown keys are checked by `config.validate`)."""
+  from rlkit.objectives import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+  from rlkit.objectives.loss_terms import LOSS_TERMS
+  from rlkit.train.config import choice
+
+  def need(ok: bool, key: str, rule: str) -> None:
+    if not ok:
+      raise ConfigError(f"{name}.{key}={section[key]!r} {rule}.")
+
+  choice(section.reward.name, REWARDS, f"{name}.reward.name")
+  try:
+    check_reward_kwargs(section.reward.name, dict(section.reward.kwargs))
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"{name}.reward.kwargs: {e}") from None
+  choice(section.advantage, ADVANTAGES, f"{name}.advantage")
+  choice(section.policy_loss, POLICY_LOSSES, f"{name}.policy_loss")
+  choice(section.aggregation, AGGREGATIONS, f"{name}.aggregation")
+  choice(section.kl_estimator, KL_ESTIMATORS, f"{name}.kl_estimator")
+  choice(section.filter, FILTERS, f"{name}.filter")
+  choice(section.augment, AUGMENTERS, f"{name}.augment")
+  for term in section.loss_terms.keys():
+    choice(term, LOSS_TERMS, f"{name}.loss_terms.{term}")
+    if term in ("policy", "kl", "entropy"):
+      raise ConfigError(f"{name}.loss_terms.{term}: the {term!r} term is configured by its own fields "
+                        "(always on / kl_beta / entropy_coef); loss_terms holds extra terms only.")
+  for key in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "minibatches", "micro_batches"):
+    need(section[key] >= 1, key, "must be >= 1")
+  need(section.group_size >= 2 or section.advantage == "batch", "group_size",
+       "is too small: group advantages need at least 2 completions per prompt")
+  need(section.temperature > 0, "temperature", "must be > 0")
+  need(section.top_k >= 0, "top_k", "must be >= 0 (0 turns it off)")
+  need(0 < section.top_p <= 1, "top_p", "must be in (0, 1] (1 turns it off)")
+  need(0 <= section.eps_low < 1, "eps_low", "must be in [0, 1)")
+  need(section.eps_high >= 0, "eps_high", "must be >= 0")
+  need(section.dual_clip == 0 or section.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1 (verl uses 3)")
+  need(section.kl_beta >= 0, "kl_beta", "must be >= 0")
+  need(section.adv_eps >= 0, "adv_eps", "must be >= 0")
+  need(section.max_sampling_rounds >= 0, "max_sampling_rounds", "must be >= 0")
+  need(0 <= section.overlong_cache <= section.max_new_tokens, "overlong_cache",
+       f"must be in [0, max_new_tokens={section.max_new_tokens}]")
+  need(section.max_skipped_updates >= 0, "max_skipped_updates", "must be >= 0 (0: never stop)")
+  need(section.reward.timeout_s >= 0, "reward", "needs reward.timeout_s >= 0 (0: no limit, for debugging)")
+  rows = section.prompts_per_step * (section.group_size + (1 if section.augment == "demonstration" else 0))
+  parts = section.minibatches * section.micro_batches
+  if rows % parts:
+    raise ConfigError(f"{name}: the {rows} rows of an iteration (prompts_per_step x group rows) must divide "
+                      f"into minibatches x micro_batches = {parts} equal parts.")
+  if section.augment == "demonstration" and section.replay_routing:
+    raise ConfigError(f"{name}.augment='demonstration' has no sampler routing to replay for its rows; set "
+                      f"{name}.replay_routing=False.")
+
+
+register_stage("rl", Stage(_init, _run, rl_defaults, validate))

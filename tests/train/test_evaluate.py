@@ -1,0 +1,121 @@
+"""`rlkit.train.evaluate`: the unbiased pass@k estimator (against exact enumeration, its limits, the n = k
+rule) and `evaluate`'s sampling of n samples per prompt in rounds of k."""
+import itertools
+import math
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+from rlkit.data.tasks import make_task
+from rlkit.models.tokenizer import CharTokenizer
+from rlkit.models.transformer import Transformer, TransformerConfig, init_params
+from rlkit.train import evaluate as ev
+from rlkit.train.evaluate import evaluate, pass_at_k
+
+TOK = CharTokenizer()
+
+
+def _enumerated(n, c, k):
+  """Share of the k-subsets of n samples (the first c correct) that hold a correct one."""
+  subsets = list(itertools.combinations(range(n), k))
+  return sum(any(i < c for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_estimator_equals_exact_enumeration_over_all_k_subsets(n):
+  for k in range(1, n + 1):
+    for c in range(n + 1):
+      assert pass_at_k(n, c, k) == pytest.approx(_enumerated(n, c, k), abs=1e-12), (n, c, k)
+      assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+  c = np.arange(n + 1)                                   # vectorised over prompts: the same values
+  np.testing.assert_allclose(pass_at_k(n, c, 1), c / n, atol=1e-12)
+
+
+def test_n_equal_k_is_the_any_of_k_rule():
+  rng = np.random.default_rng(0)
+  for k in (1, 2, 4, 7):
+    ok = rng.random((50, k)) < 0.3                      # 50 prompts, k samples each
+    np.testing.assert_array_equal(pass_at_k(k, ok.sum(1), k), ok.any(1).astype(float))
+
+
+def test_limits_zero_without_a_correct_sample_and_one_when_every_subset_holds_one():
+  for n, k in [(1, 1), (5, 2), (20, 4), (200, 8), (5000, 100)]:
+    assert pass_at_k(n, 0, k) == 0.0
+    for c in range(n - k + 1, n + 1):
+      assert pass_at_k(n, c, k) == 1.0
+  # Large n stays finite and exact where binomials would overflow a float: C(5000, 100) ~ 1e211.
+  got = pass_at_k(5000, 40, 100)
+  assert 0.0 < got < 1.0 and got == pytest.approx(1 - math.comb(4960, 100) / math.comb(5000, 100), rel=1e-12)
+
+
+def test_fewer_samples_than_k_is_an_error_naming_the_fix():
+  with pytest.raises(ValueError, match=r"k=4, n=3.*eval.pass_n >= eval.pass_k"):
+    pass_at_k(3, 1, 4)
+  with pytest.raises(ValueError, match="in \\[0, n=3\\]"):
+    pass_at_k(3, 4, 2)
+  args = dict(batch_size=2, max_prompt_len=4, max_new_tokens=2)
+  with pytest.raises(ValueError, match="eval.pass_n=3 < eval.pass_k=4"):
+    evaluate(None, None, TOK, None, [{"prompt": "1", "answer": "1"}], jax.random.key(0), pass_k=4, pass_n=3,
+             **args)
+
+
+class _Sampler:
+  """Stands in for `generate`: prompt "c" gets its first c samples right (across rounds), greedy always right."""
+
+  def __init__(self, n, k):
+    self.k, self.per_chunk, self.rows = k, -(-n // k), []
+
+  def __call__(self, model, params, tokens, mask, key, cfg):
+    prompts = [TOK.decode(t[m].tolist()) for t, m in zip(np.asarray(tokens), np.asarray(mask))]
+    if cfg.greedy:
+      texts = [p for p in prompts]
+    else:
+      round_ = len(self.rows) % self.per_chunk                           # rounds restart with each chunk
+      self.rows.append(len(prompts))
+      sample = round_ * self.k + np.arange(len(prompts)) % self.k        # sample index within its prompt
+      texts = [p if s < int(p) else "x" for p, s in zip(prompts, sample)]
+    ids = [TOK.encode(t) for t in texts]
+    response = np.zeros((len(ids), 4), np.int32)
+    for i, row in enumerate(ids):
+      response[i, :len(row)] = row
+    return SimpleNamespace(response=response, lengths=np.array([len(r) for r in ids]))
+
+
+class _Exact:
+  def verify(self, completion, answer):
+    return float(completion == answer)
+
+
+@pytest.mark.parametrize("n,k", [(2, 2), (7, 3), (8, 4), (5, 1)])
+def test_evaluate_draws_n_samples_in_rounds_of_k(monkeypatch, n, k):
+  counts = [0, 1, 2, 3, 5, 7, 9]                         # correct samples per prompt (clipped to n)
+  records = [{"prompt": str(c), "answer": str(c)} for c in counts]
+  for batch_size in (4, 7):                              # 4: the last chunk is padded with repeats
+    sampler = _Sampler(n, k)
+    monkeypatch.setattr(ev, "generate", sampler)
+    got = evaluate(None, None, TOK, _Exact(), records, jax.random.key(0), batch_size=batch_size,
+                   max_prompt_len=4, max_new_tokens=2, pass_k=k, pass_n=n)
+    chunks = -(-len(records) // batch_size)
+    assert sampler.rows == [batch_size * k] * (chunks * -(-n // k))    # the sampler's batch never grows
+    want = np.mean([pass_at_k(n, min(c, n), k) for c in counts])
+    assert got[f"eval/pass@{k}"] == pytest.approx(want, abs=1e-12)
+    assert got["eval/accuracy"] == 1.0 and got["eval/num_examples"] == len(records)
+
+
+def test_evaluate_with_a_real_model_n_equal_k_is_the_default_and_greedy_is_unchanged():
+  model = Transformer(TransformerConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=48,
+                                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                                        tie_word_embeddings=True, rope_theta=10_000.0))
+  params = init_params(model.cfg, jax.random.key(0))
+  task = make_task("arithmetic", ops="+", min_digits=1, max_digits=1)
+  rng = np.random.default_rng(0)
+  records = [dict(task.make_example(rng)) for _ in range(6)]
+  run = lambda n: evaluate(model, params, TOK, task, records, jax.random.key(3), batch_size=4,
+                           max_prompt_len=5, max_new_tokens=3, pass_k=2, pass_n=n)
+  default, n_is_k, more = run(0), run(2), run(5)
+  assert default == n_is_k
+  assert more["eval/accuracy"] == default["eval/accuracy"]
+  assert more["eval/response_len"] == default["eval/response_len"]
+  assert 0.0 <= more["eval/pass@2"] <= 1.0
