@@ -44,6 +44,15 @@ def changed_keys(old: dict, new: dict) -> list[str]:
   return sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
 
 
+def _exit_on_config_error(check, *args) -> None:
+  from rlkit.train.config import ConfigError
+  try:
+    check(*args)
+  except ConfigError as e:
+    print(f"Config error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
@@ -52,16 +61,14 @@ def main(argv):
     reexec_with_tuned_malloc()
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO; -v 0 brings it back
-  from rlkit.train.config import ConfigError, validate
+  from rlkit.train.config import validate, validate_for_processes
   config, workdir = _CONFIG.value, _WORKDIR.value
-  try:
-    validate(config)
-  except ConfigError as e:
-    print(f"Config error: {e}", file=sys.stderr)
-    sys.exit(2)
+  _exit_on_config_error(validate, config)
   from rlkit.parallel.mesh import maybe_initialize_distributed, set_cpu_devices
   set_cpu_devices(config.mesh.cpu_devices)
   maybe_initialize_distributed()
+  import jax
+  _exit_on_config_error(validate_for_processes, config, jax.process_count())
   resolved = config.to_json_best_effort(indent=2, sort_keys=True)
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
@@ -72,7 +79,6 @@ def main(argv):
       sys.exit(2)
     if changed:
       logging.warning("Resuming %s with changed keys: %s", workdir, ", ".join(changed))
-  import jax
   if jax.process_index() == 0:
     print(resolved, flush=True)
     os.makedirs(workdir, exist_ok=True)

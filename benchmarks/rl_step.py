@@ -4,10 +4,12 @@ Prints two JSON lines:
 
 (a) `"part": "iteration"` — one RL iteration of `configs/grpo_arith.py` (preset cpu), built the way
     `rlkit/train/run.py` builds it (its `build_*` functions, data in a temp dir) and timed phase by phase,
-    mirroring `rlkit/train/stages.py` `_rl_run` on its default path (no dynamic sampling, no overlong
-    penalty, no KL reference): data (next prompt batch), generate (KV-cache sampler, the config's sampling
-    settings), reward (decode + verifier), score (group advantages + trainer re-score of old log-probs and
-    the mismatch), update (`make_rl_step`, ppo_epochs x minibatches). Reports generation tokens/s (generated
+    calling the phases of `rlkit/train/rl_stage.py` on its default path (filter none, no augmenter, no
+    overlong penalty, no KL reference): data (next prompt batch), generate (`phases.collect`: the KV-cache
+    sampler with the config's sampling settings), reward (`phases.reward`: decode + the verifier in its
+    time-limited worker), score (filter rows, group advantages, `phases.score`: trainer re-score of old
+    log-probs and the mismatch), update (`phases.update.ppo_updates` of `make_rl_step`, ppo_epochs x
+    minibatches). Reports generation tokens/s (generated
     tokens / generate time), update tokens/s (real sequence tokens x epochs / update time), and each phase's
     share of the iteration (median phase time / median iteration time). Params are the config's random
     init (no SFT stage first), so rewards are ~0 and most rows run the full response budget.
@@ -56,17 +58,23 @@ from benchmarks._common import (SIZES, add_tuned_malloc_arg, apply_tuned_malloc_
 from rlkit.data.pipeline import make_iterator  # noqa: E402
 from rlkit.models import hf  # noqa: E402
 from rlkit.models.transformer import Transformer, init_params, num_params  # noqa: E402
-from rlkit.objectives import group_advantages  # noqa: E402
 from rlkit.optim.optimizers import make_optimizer  # noqa: E402
 from rlkit.parallel.host_memory import tuned_malloc_active  # noqa: E402
 from rlkit.parallel.mesh import mesh_from_config  # noqa: E402
 from rlkit.parallel.rules import shard_batch  # noqa: E402
-from rlkit.rewards import REWARDS  # noqa: E402
-from rlkit.rollout.sampler import SamplingConfig, generate  # noqa: E402
-from rlkit.train.evaluate import decode_responses  # noqa: E402
-from rlkit.train.run import build_data, build_model, build_task, build_tokenizer  # noqa: E402
-from rlkit.train import stages  # noqa: E402  (the RL stage's own loss settings and update loop)
-from rlkit.train.steps import init_train_state, make_rl_step, make_score_fn, make_sft_step  # noqa: E402
+from rlkit.rewards import REWARDS, VerifierExecutor  # noqa: E402
+from rlkit.rollout.scoring import make_scorer  # noqa: E402
+from rlkit.train.models import build_model, tokenizer_from_spec  # noqa: E402
+from rlkit.train.phases.advantages import token_advantages  # noqa: E402
+from rlkit.train.phases.collect import collect  # noqa: E402
+from rlkit.train.phases.filter import FILTERS, select_rows  # noqa: E402
+from rlkit.train.phases.reward import compute_rewards  # noqa: E402
+from rlkit.train.phases.score import score, train_batch  # noqa: E402
+from rlkit.train.rl_metrics import mismatch  # noqa: E402
+from rlkit.train.phases.update import ppo_updates  # noqa: E402
+from rlkit.train.rl_stage import sampling_config  # noqa: E402
+from rlkit.train.run import build_data, build_task  # noqa: E402
+from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step, make_sft_step  # noqa: E402
 
 PHASES = ("data", "generate", "reward", "score", "update")
 LR, WEIGHT_DECAY = 1e-4, 0.01
@@ -86,16 +94,16 @@ def bench_iteration(reps: int) -> dict:
   cfg = config.rl
   key = jax.random.key(config.seed)
   mesh = mesh_from_config(config.mesh)
-  tok, task = build_tokenizer(config), build_task(config)
-  with tempfile.TemporaryDirectory() as tmp, jax.set_mesh(mesh):
+  tok, task = tokenizer_from_spec(config.tokenizer), build_task(config)
+  with tempfile.TemporaryDirectory() as tmp, jax.set_mesh(mesh), VerifierExecutor(cfg.reward.timeout_s) as ex:
     sources = build_data(config, tmp)
-    model, params = build_model(config, tok, jax.random.fold_in(key, 1), mesh)
+    model, params = build_model(config.model, tok, jax.random.fold_in(key, 1), mesh)
     put_batch = lambda b: shard_batch(b, mesh)  # noqa: E731
     tx = make_optimizer(cfg.optimizer, cfg.steps * cfg.ppo_epochs * cfg.minibatches)
-    step_fn = make_rl_step(model, tx, stages.rl_loss_config(cfg), cfg.micro_batches)
-    score = make_score_fn(model, cfg.temperature)
-    sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                              top_p=cfg.top_p, stop_ids=tok.stop_ids, pad_id=tok.pad_id)
+    sampling = sampling_config(cfg, tok)
+    step_fn = make_rl_step(model, tx, cfg, sampling, cfg.micro_batches)
+    scorer = make_scorer(model, sampling)
+    reward_fn = REWARDS.get(cfg.reward.name)(task, ex, **dict(cfg.reward.kwargs))
     it = make_iterator(sources["train"], cfg.prompts_per_step, config.seed + 1000 * config.stages.index("rl"), tok,
                        config.data.max_prompt_len)
     n_rows = cfg.prompts_per_step * cfg.group_size
@@ -108,25 +116,20 @@ def bench_iteration(reps: int) -> dict:
       t = {"start": time.perf_counter()}
       batch = next(it)
       t["data"] = time.perf_counter()
-      rep = np.repeat(np.arange(len(batch["answer"])), cfg.group_size)
-      dev = put_batch({"prompt": batch["prompt_tokens"][rep], "mask": batch["prompt_mask"][rep]})
-      rollout = generate(model, train.params, dev["prompt"], dev["mask"], jax.random.fold_in(k, 0), sampling,
-                         group_ids=jnp.asarray(rep, jnp.int32))
-      jax.block_until_ready(rollout)
+      samples = collect(model, train.params, batch, jax.random.fold_in(k, 0), sampling, cfg.group_size, put_batch)
+      jax.block_until_ready(samples.rollout)
+      rollout = samples.rollout
       t["generate"] = time.perf_counter()
-      texts = decode_responses(tok, rollout)
-      rewards, _ = REWARDS.get(cfg.reward)(task, texts, [batch["answer"][i] for i in rep])
+      rewards = compute_rewards(reward_fn, samples, tok, cfg)
       t["reward"] = time.perf_counter()
-      adv = group_advantages(cfg.advantage, jnp.asarray(rewards, jnp.float32), cfg.group_size, cfg.adv_eps)
-      data = {"tokens": rollout.tokens, "attention_mask": rollout.attention_mask, "response": rollout.response,
-              "response_mask": rollout.response_mask, "advantages": adv}
-      old_logp = score(train.params, data)
-      mask = np.asarray(rollout.response_mask)
-      np.abs(np.asarray(old_logp) - np.asarray(rollout.logprobs))[mask]   # the mismatch metric's host copy
-      data["old_logp"] = old_logp
+      selection = FILTERS.get(cfg.filter)(rewards.rewards, cfg.group_size, cfg.prompts_per_step)
+      samples = samples.take(select_rows(selection, len(samples), cfg.group_size, cfg.prompts_per_step))
+      adv = token_advantages(cfg.advantage, rewards.rewards, cfg.group_size, cfg.max_new_tokens, cfg.adv_eps)
+      data = score(train_batch(samples, adv, put_batch), {"policy": (scorer, train.params)})
+      mismatch(data)
       t["score"] = time.perf_counter()
-      train, sums = stages.ppo_updates(step_fn, train, data, k, cfg.ppo_epochs, cfg.minibatches)
-      jax.device_get(sums)
+      train, _, _ = ppo_updates(step_fn, train, data, k, cfg.ppo_epochs, cfg.minibatches,
+                                default_step_inputs(cfg))
       t["update"] = time.perf_counter()
       times = {p: t[p] - t[prev] for prev, p in zip(("start",) + PHASES, PHASES)}
       times["total"] = t["update"] - t["start"]
@@ -164,7 +167,7 @@ def ours_update(cfg, params, tokens: np.ndarray) -> tuple[Callable[[], None], li
 
   def run():
     box["state"], metrics = step(box["state"], batch)
-    losses.append(float(metrics["loss"]))   # also waits for the step
+    losses.append(float(metrics["loss"].value))   # also waits for the step
     jax.block_until_ready(box["state"])
   return run, losses
 

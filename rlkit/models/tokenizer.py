@@ -221,3 +221,8 @@ def pad_left(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[n
 def pad_right(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """Right-pads id lists to `(tokens int32 [N, length], mask bool [N, length])`; a longer row raises."""
   return _pad(rows, length, pad_id, left=False)
+
+
+def decode_responses(tokenizer: Tokenizer, response: np.ndarray, lengths: np.ndarray) -> list[str]:
+  """Text of each row's sampled response `response[i, :lengths[i]]` (special tokens dropped)."""
+  return [tokenizer.decode(response[i, :lengths[i]].tolist(), skip_special=True) for i in range(len(lengths))]

@@ -61,7 +61,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.temperature = 1.0           # sampling temperature (the trainer scores at the same temperature)
   c.top_k = 0                   # sampler top-k (0: off)
   c.top_p = 1.0                 # sampler nucleus mass (1: off)
-  c.reward = ml_collections.ConfigDict()
+  c.reward = ml_collections.ConfigDict()   # the reward function and how its host-side code runs
   c.reward.name = "verifier"    # reward function (registry REWARDS): verifier | verifier_format
   c.reward.kwargs = ml_collections.ConfigDict()   # the reward's own parameters
   c.reward.timeout_s = 30.0     # wall-time limit of one host-side verifier call (0: none, runs inline)
@@ -290,3 +290,23 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _positive(config, ("checkpoint.max_to_keep",))
   if config.eval.pass_n and config.eval.pass_n < config.eval.pass_k:
     raise ConfigError(f"eval.pass_n={config.eval.pass_n} must be 0 or >= eval.pass_k={config.eval.pass_k}.")
+
+
+def validate_for_processes(config: ml_collections.ConfigDict, processes: int) -> None:
+  """What depends on the number of processes (known once jax.distributed is up): each process takes an
+  equal slice of every global batch."""
+  if processes == 1:
+    return
+  sizes = {"eval.batch_size": min(config.eval.batch_size, config.eval.num_examples)}
+  for name in config.stages:
+    section = config[name]
+    for key in ("batch_size", "prompts_per_step"):
+      if key in section:
+        sizes[f"{name}.{key}"] = section[key]
+    if section.get("filter", "none") != "none":
+      raise ConfigError(f"{name}.filter={section.filter!r} is not supported with {processes} processes yet (its "
+                        "keep-or-resample decision is per host); use filter='none' or one process.")
+  for key, value in sizes.items():
+    if value % processes:
+      raise ConfigError(f"{key}={value} must be a multiple of the {processes} processes (each takes an equal "
+                        "slice of every batch).")

@@ -14,20 +14,15 @@ comparable across steps, stages and runs.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
 
 from rlkit.data.pipeline import as_text_record, prompt_batch
+from rlkit.models.tokenizer import decode_responses
+from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rollout.sampler import SamplingConfig, generate
-
-
-def decode_responses(tokenizer, rollout) -> list[str]:
-  """Host-side text of each row's response (stop token and padding removed)."""
-  response = np.asarray(rollout.response)
-  lengths = np.asarray(rollout.lengths)
-  return [tokenizer.decode(response[i, :lengths[i]].tolist(), skip_special=True) for i in range(len(lengths))]
 
 
 def pass_at_k(n: int, num_correct: Any, k: int) -> np.ndarray:
@@ -59,12 +54,13 @@ def _chunks(records: Sequence[dict], size: int):
 
 def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequence[dict], key: jax.Array, *,
              batch_size: int, max_prompt_len: int, max_new_tokens: int, pass_k: int,
-             pass_n: int = 0) -> dict[str, float]:
+             pass_n: int = 0, put_batch: Optional[Callable[[dict], dict]] = None) -> dict[str, float]:
   """Greedy accuracy, mean response length and (pass_k > 0) `eval/pass@{pass_k}` from pass_n samples per prompt.
 
   pass_n = 0 means n = k. The samples are drawn in rounds of k per prompt (the sampler's batch stays
   batch_size * k whatever n is, and n = k draws exactly the samples it always did); a last partial round's
-  extra samples are dropped unverified.
+  extra samples are dropped unverified. Multi-process: each process verifies its slice of every chunk of
+  `batch_size` prompts (`put_batch` makes the global batch), so the numbers equal a one-process run's.
   """
   if pass_k < 0 or pass_n < 0:
     raise ValueError(f"eval.pass_k={pass_k} and eval.pass_n={pass_n} must be >= 0.")
@@ -76,30 +72,46 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
   if not records:
     return {}
   batch_size = min(batch_size, len(records))
+  procs, me = jax.process_count(), jax.process_index()
+  if batch_size % procs:
+    raise ValueError(f"eval.batch_size={batch_size} (or eval.num_examples, if smaller) must divide into the "
+                     f"{procs} processes.")
+  put = put_batch or (lambda b: b)
+  local = batch_size // procs        # each process runs its slice of every chunk; the global batch is the chunk
   greedy = SamplingConfig(max_new_tokens=max_new_tokens, greedy=True, stop_ids=tokenizer.stop_ids,
                           pad_id=tokenizer.pad_id)
   sample = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, stop_ids=tokenizer.stop_ids,
                           pad_id=tokenizer.pad_id)
+
+  def texts_of(prompt_tokens, prompt_mask, key, cfg):
+    dev = put({"prompt": prompt_tokens, "mask": prompt_mask})
+    out = generate(model, params, dev["prompt"], dev["mask"], key, cfg)
+    lengths = host_rows(out.lengths)
+    return decode_responses(tokenizer, host_rows(out.response), lengths), lengths
+
   correct, solved, lengths = [], [], []
   for i, (chunk, real) in enumerate(_chunks(records, batch_size)):
-    batch = prompt_batch(chunk, tokenizer, max_prompt_len)
-    out = generate(model, params, batch["prompt_tokens"], batch["prompt_mask"], key, greedy)
-    texts = decode_responses(tokenizer, out)
-    correct += [task.verify(t, r["answer"]) for t, r in zip(texts[:real], chunk[:real])]
-    lengths += np.asarray(out.lengths)[:real].tolist()
+    mine = chunk[me * local:(me + 1) * local]
+    real = max(0, min(real - me * local, local))          # this process's real (unpadded) rows
+    batch = prompt_batch(mine, tokenizer, max_prompt_len)
+    texts, out_lengths = texts_of(batch["prompt_tokens"], batch["prompt_mask"], key, greedy)
+    correct += [task.verify(t, r["answer"]) for t, r in zip(texts[:real], mine[:real])]
+    lengths += out_lengths[:real].tolist()
     if pass_k:
-      rep = np.repeat(np.arange(len(chunk)), pass_k)
+      rep = np.repeat(np.arange(len(mine)), pass_k)
       chunk_key = jax.random.fold_in(key, i + 1)
       hits = np.zeros(real, np.int64)
       for r in range(-(-n // pass_k)):
         take = min(pass_k, n - r * pass_k)             # samples kept per prompt from this round
-        out = generate(model, params, batch["prompt_tokens"][rep], batch["prompt_mask"][rep],
-                       chunk_key if r == 0 else jax.random.fold_in(chunk_key, r), sample)
-        texts = np.array(decode_responses(tokenizer, out), object).reshape(len(chunk), pass_k)
-        hits += [sum(bool(task.verify(t, chunk[j]["answer"])) for t in texts[j, :take]) for j in range(real)]
+        texts, _ = texts_of(batch["prompt_tokens"][rep], batch["prompt_mask"][rep],
+                            chunk_key if r == 0 else jax.random.fold_in(chunk_key, r), sample)
+        texts = np.array(texts, object).reshape(len(mine), pass_k)
+        hits += [sum(bool(task.verify(t, mine[j]["answer"])) for t in texts[j, :take]) for j in range(real)]
       solved += pass_at_k(n, hits, pass_k).tolist()
-  metrics = {"eval/accuracy": float(np.mean(correct)), "eval/response_len": float(np.mean(lengths)),
-             "eval/num_examples": len(correct)}
+  count, n_correct, n_tokens, n_solved = process_sum([len(correct), np.sum(correct), np.sum(lengths),
+                                                      np.sum(solved)])
+  metrics = {"eval/accuracy": float(n_correct / count), "eval/response_len": float(n_tokens / count),
+             "eval/num_examples": int(count)}
   if pass_k:
-    metrics[f"eval/pass@{pass_k}"] = float(np.mean(solved))
+    metrics[f"eval/pass@{pass_k}"] = float(n_solved / count)
   return metrics

@@ -27,10 +27,12 @@ from rlkit.rollout.scoring import make_scorer
 from rlkit.train.config import ConfigError, rl_defaults
 from rlkit.train.phases.advantages import token_advantages
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv
-from rlkit.train.phases.collect import Samples, collect, host_rows
+from rlkit.parallel.hosts import host_rows, process_sum
+from rlkit.train.phases.collect import Samples, collect
 from rlkit.train.phases.filter import FILTERS, select_rows
 from rlkit.train.phases.reward import compute_rewards
-from rlkit.train.phases.score import mismatch, score, train_batch
+from rlkit.train.phases.score import score, train_batch
+from rlkit.train.rl_metrics import accuracy, failures, mismatch, policy_metrics
 from rlkit.train.phases.update import ppo_updates
 from rlkit.train.stages import Stage, loop, register_stage
 from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step
@@ -65,22 +67,6 @@ def _scorers(ctx, cfg, state, sampling) -> dict:
   return scorers
 
 
-def policy_metrics(rewards, samples: Samples, group_size: int) -> dict[str, float]:
-  """What the policy's own rows achieved: reward, accuracy (from the reward's `correct`), lengths."""
-  r = rewards.rewards
-  lengths = host_rows(samples.rollout.lengths)
-  m = {"reward": float(np.mean(r)), "response_len": float(lengths.mean()),
-       "informative_groups": float(np.mean(r.reshape(-1, group_size).std(axis=1) > 0))}
-  for name, values in rewards.components.items():
-    m[f"reward/{name}"] = float(np.mean(values))
-  if rewards.correct is not None:
-    correct = np.asarray(rewards.correct, bool)
-    m["accuracy"] = float(np.mean(correct))
-    m["response_len_correct"] = float(lengths[correct].mean()) if correct.any() else 0.0
-    m["response_len_wrong"] = float(lengths[~correct].mean()) if (~correct).any() else 0.0
-  return m
-
-
 def _run(ctx, cfg, state, start: int, meta: dict):
   tok = ctx.tokenizer
   tx = make_optimizer(cfg.optimizer, _total_updates(cfg))
@@ -113,7 +99,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     samples, rewards = Samples.concat(parts), concat_outputs(outputs)
     rows = select_rows(selection, len(samples), group, prompts)
     samples, rewards = samples.take(rows), take(rewards, rows)
-    metrics = policy_metrics(rewards, samples, group)
+    metrics = policy_metrics(rewards, host_rows(samples.rollout.lengths), group)
     samples, rewards = augmenter(samples, rewards, jax.random.fold_in(key, 5_000))
     sample_s = time.perf_counter() - t0
 
@@ -128,18 +114,15 @@ def _run(ctx, cfg, state, start: int, meta: dict):
                                                  step_inputs)
     update_s = time.perf_counter() - t1
     metrics.update(update_metrics)
-    first = outputs[0]
-    if first.correct is not None:
-      metrics["sampled_accuracy"] = float(np.mean(first.correct))
-    failures = rewards.failures
-    metrics.update({
-        "reward_failures": int(sum(failures.values())), **{f"reward_failures/{k}": v for k, v in failures.items()},
-        "sampling_rounds": rounds, "sample_s": sample_s, "update_s": update_s,
-        "gen_tokens_per_s": float(np.sum(host_rows(samples.rollout.lengths))) / max(sample_s, 1e-9),
-        "tokens_per_s": cfg.ppo_epochs * float(jnp.sum(batch.attention_mask)) / max(update_s, 1e-9),
-    })
+    metrics.update(**accuracy(outputs[0]), **failures(rewards.failures))
+    gen_tokens, tokens, teacher = process_sum([host_rows(samples.rollout.lengths).sum(),
+                                               host_rows(batch.attention_mask).sum(),
+                                               np.sum(samples.row_source == ROW_SOURCE["teacher"])])
+    metrics.update({"sampling_rounds": rounds, "sample_s": sample_s, "update_s": update_s,
+                    "gen_tokens_per_s": float(gen_tokens) / max(sample_s, 1e-9),
+                    "tokens_per_s": cfg.ppo_epochs * float(tokens) / max(update_s, 1e-9)})
     if augmenter.extra_rows:
-      metrics["rows/teacher"] = int(np.sum(samples.row_source == ROW_SOURCE["teacher"]))
+      metrics["rows/teacher"] = int(teacher)
     return dict(state, train=train), metrics, skipped
 
   try:

@@ -18,7 +18,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from rlkit.data.tasks import make_task
 from rlkit.data.tfds_builders import prepare, prepare_jsonl
@@ -56,6 +55,16 @@ def _stage_offsets(config) -> list[int]:
   return offsets
 
 
+def _on_lead_first(build):
+  """Runs `build` on process 0, then on the others (which then find its files written: no racing writers)."""
+  if jax.process_count() == 1:
+    return build()
+  from jax.experimental import multihost_utils
+  out = build() if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices("rlkit: data prepared")
+  return out if out is not None else build()
+
+
 def stage_needs(config) -> set[str]:
   """The run-level sections the configured stages use (tokenizer, task, data, model)."""
   return {need for name in config.stages for need in STAGES.get(config[name].kind).needs}
@@ -73,7 +82,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   needs = stage_needs(config)
   tokenizer = tokenizer_from_spec(config.tokenizer) if "tokenizer" in needs else None
   task = build_task(config) if "task" in needs else None
-  sources = build_data(config, workdir) if "data" in needs else {}
+  sources = _on_lead_first(lambda: build_data(config, workdir)) if "data" in needs else {}
   eval_records = []
   if "test" in sources:
     test = sources["test"]

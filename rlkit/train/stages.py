@@ -21,9 +21,7 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from rlkit.core.registry import Registry
 from rlkit.train.evaluate import evaluate
@@ -74,7 +72,8 @@ def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int) ->
   metrics = evaluate(ctx.model, params, ctx.tokenizer, ctx.task, ctx.eval_records,
                      jax.random.fold_in(jax.random.fold_in(ctx.key, 10_000 + index), global_step),
                      batch_size=e.batch_size, max_prompt_len=ctx.config.data.max_prompt_len,
-                     max_new_tokens=e.max_new_tokens, pass_k=e.pass_k, pass_n=e.pass_n)
+                     max_new_tokens=e.max_new_tokens, pass_k=e.pass_k, pass_n=e.pass_n,
+                     put_batch=ctx.put_batch)
   if metrics:
     ctx.logger.log(global_step, name, metrics)
   return metrics

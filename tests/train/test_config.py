@@ -45,7 +45,29 @@ def _config():
     (lambda c: c.rl.__setitem__("advantage", "grpo"), "rl.advantage='grpo' is not a known advantage estimator"),
     (lambda c: c.rl.__setitem__("aggregation", "mean"), "token-mean"),
     (lambda c: _replace(c, "rl", steps="ten"), "rl.steps='ten' has type str"),
-    (lambda c: _replace(c, "rl", dynamic_sampling=1), "rl.dynamic_sampling=1 has type int; expected bool"),
+    (lambda c: _replace(c, "rl", filter=1), "rl.filter=1 has type int; expected str"),
+    (lambda c: c.rl.__setitem__("filter", "dapo"), "rl.filter='dapo' is not a known group filter"),
+    (lambda c: c.rl.__setitem__("augment", "teacher"), "rl.augment='teacher' is not a known augmenter"),
+    (lambda c: c.rl.reward.__setitem__("name", "rubric"), "rl.reward.name='rubric' is not a known reward"),
+    (lambda c: c.rl.reward.kwargs.__setitem__("bonus", 1.0), "rl.reward.kwargs: reward 'verifier': unknown"),
+    (lambda c: c.rl.loss_terms.__setitem__("distill", 1.0), "rl.loss_terms.distill='distill' is not a known"),
+    (lambda c: c.rl.loss_terms.__setitem__("kl", 1.0), "configured by its own fields"),
+    (lambda c: c.rl.__setitem__("top_p", 0.0), "rl.top_p=0.0 must be in (0, 1]"),
+    (lambda c: c.rl.__setitem__("top_k", -1), "rl.top_k=-1 must be >= 0"),
+    (lambda c: c.rl.__setitem__("temperature", 0.0), "rl.temperature=0.0 must be > 0"),
+    (lambda c: c.rl.__setitem__("eps_low", 1.0), "rl.eps_low=1.0 must be in [0, 1)"),
+    (lambda c: c.rl.__setitem__("dual_clip", 0.5), "rl.dual_clip=0.5 must be 0 (off) or > 1"),
+    (lambda c: c.rl.__setitem__("group_size", 1), "rl.group_size=1 is too small"),
+    (lambda c: c.rl.__setitem__("overlong_cache", 99), "rl.overlong_cache=99 must be in [0, max_new_tokens"),
+    (lambda c: c.rl.__setitem__("max_skipped_updates", -1), "rl.max_skipped_updates=-1 must be >= 0"),
+    (lambda c: c.rl.reward.__setitem__("timeout_s", -1.0), "reward.timeout_s >= 0"),
+    (lambda c: c.rl.optimizer.__setitem__("lr", 0.0), "rl.optimizer.lr=0.0 must be > 0"),
+    (lambda c: c.task.kwargs.__setitem__("max_digits", 0), "task.kwargs: task 'arithmetic'"),
+    (lambda c: c.task.kwargs.__setitem__("digits", 3), "unknown parameter(s) ['digits']"),
+    (lambda c: c.eval.__setitem__("pass_n", 1), "eval.pass_n=1 must be 0 or >= eval.pass_k=2"),
+    (lambda c: c.data.__setitem__("max_prompt_len", 0), "data.max_prompt_len=0 must be >= 1"),
+    (lambda c: c.models.__setitem__("reference", ml_collections.ConfigDict({"paht": "x"})),
+     "Unknown config key models.reference.paht"),
     (lambda c: c.sft.optimizer.__setitem__("schedule", "exp"), "sft.optimizer.schedule"),
     (lambda c: c.task.__setitem__("name", "gsm8k"), "task.name='gsm8k'"),
     (lambda c: c.__setitem__("stages", ("sft", "ppo")), "no config.ppo section"),
@@ -65,6 +87,25 @@ def test_invalid_configs_fail_with_the_key_named(mutate, needle):
   with pytest.raises(ConfigError) as e:
     validate(c)
   assert needle in str(e.value)
+
+
+def test_valid_model_roles_pass():
+  from rlkit.train.models import role_model_defaults
+  c = _config()
+  c.models.reference = role_model_defaults()
+  validate(c)
+
+
+def test_validate_for_processes_names_the_batch_that_does_not_split():
+  from rlkit.train.config import validate_for_processes
+  c = _config()
+  validate_for_processes(c, 1)
+  validate_for_processes(c, 2)
+  with pytest.raises(ConfigError, match=r"must be a multiple of the 3 processes"):
+    validate_for_processes(c, 3)
+  c.rl.filter = "dynamic_sampling"
+  with pytest.raises(ConfigError, match="not supported with 2 processes"):
+    validate_for_processes(c, 2)
 
 
 def test_every_rl_default_field_is_documented_once():

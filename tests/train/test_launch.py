@@ -34,6 +34,8 @@ def _run(workdir, *overrides, timeout=300):
     ("--config.rl.lrr=0.1", "lrr"),
     ("--config.rl.steps=abc", "steps"),
     ("--config.mesh.cpu_devices=-1", "mesh.cpu_devices=-1 must be >= 0"),
+    ("--config.rl.top_p=0.0", "rl.top_p=0.0 must be in (0, 1]"),          # once ran SFT, then crashed in RL
+    ("--config.task.kwargs.max_digits=0", "need 1 <= min_digits <= max_digits"),   # once left config.json
 ])
 def test_config_error_is_clear_and_writes_nothing(tmp_path, override, needle):
   workdir = tmp_path / "run"
@@ -41,6 +43,20 @@ def test_config_error_is_clear_and_writes_nothing(tmp_path, override, needle):
   assert code != 0
   assert needle.lower() in (out + err).lower(), err[-2000:]
   assert not workdir.exists()
+
+
+def test_resuming_with_a_changed_config_names_the_keys_and_stops(tmp_path):
+  workdir = tmp_path / "run"
+  quick = ("--config.sft.steps=0", "--config.rl.steps=0")
+  code, _, err = _run(str(workdir), *quick)
+  assert code == 0, err[-3000:]
+  before = sorted(os.listdir(workdir))
+  code, _, err = _run(str(workdir), *quick, "--config.rl.kl_beta=0.1", "--config.seed=3", timeout=120)
+  assert code == 2 and "changed keys: rl.kl_beta, seed" in err, err[-2000:]
+  assert sorted(os.listdir(workdir)) == before and '"kl_beta": 0.0' in (workdir / "config.json").read_text()
+  code, _, err = _run(str(workdir), *quick, "--config.rl.kl_beta=0.1", "--allow_config_change")
+  assert code == 0, err[-3000:]
+  assert '"kl_beta": 0.1' in (workdir / "config.json").read_text()
 
 
 def test_cpu_devices_split_the_host_and_the_batch(tmp_path):

@@ -13,22 +13,11 @@ import dataclasses
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rlkit.core.types import ROW_SOURCE, Rollout
+from rlkit.parallel.hosts import concat_rows, take_rows
 from rlkit.rollout.sampler import SamplingConfig, generate
-
-
-def host_rows(x) -> np.ndarray:
-  """This process's rows of a batch-sharded global array, in global order (all rows on one process)."""
-  if not isinstance(x, jax.Array) or jax.process_count() == 1 or x.is_fully_addressable:
-    return np.asarray(x)
-  shards = {}
-  for shard in x.addressable_shards:
-    rows = shard.index[0] if shard.index else slice(None)
-    shards.setdefault(rows.start or 0, shard.data)
-  return np.concatenate([np.asarray(shards[k]) for k in sorted(shards)], axis=0)
 
 
 @dataclasses.dataclass
@@ -45,14 +34,14 @@ class Samples:
 
   def take(self, rows: np.ndarray) -> "Samples":
     rows = np.asarray(rows, np.int64)
-    return Samples(jax.tree.map(lambda x: x[rows], self.rollout), [self.examples[i] for i in rows],
+    return Samples(take_rows(self.rollout, rows, len(self)), [self.examples[i] for i in rows],
                    self.row_source[rows], self.valid[rows])
 
   @staticmethod
   def concat(parts: Sequence["Samples"]) -> "Samples":
     if len(parts) == 1:
       return parts[0]
-    rollout = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *[p.rollout for p in parts])
+    rollout = concat_rows([p.rollout for p in parts], [len(p) for p in parts])
     return Samples(rollout, [x for p in parts for x in p.examples],
                    np.concatenate([p.row_source for p in parts]), np.concatenate([p.valid for p in parts]))
 

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlkit.models.tokenizer import decode_responses
 from rlkit.objectives import overlong_penalty
 from rlkit.rewards import RewardBatch, RewardOutput
-from rlkit.train.phases.collect import Samples, host_rows
-
-
-def decode_rows(tokenizer, response: np.ndarray, lengths: np.ndarray) -> list[str]:
-  """Text of each row's response (stop token and padding removed)."""
-  return [tokenizer.decode(response[i, :lengths[i]].tolist(), skip_special=True) for i in range(len(lengths))]
+from rlkit.parallel.hosts import host_rows
+from rlkit.train.phases.collect import Samples
 
 
 def reward_batch(samples: Samples, tokenizer) -> RewardBatch:
   ro = samples.rollout
   response, lengths = host_rows(ro.response), host_rows(ro.lengths)
   ex = samples.examples
-  return RewardBatch(prompts=[e["prompt"] for e in ex], completions=decode_rows(tokenizer, response, lengths),
+  return RewardBatch(prompts=[e["prompt"] for e in ex], completions=decode_responses(tokenizer, response, lengths),
                      completion_tokens=response, lengths=lengths, finished=host_rows(ro.finished),
                      answers=[e["answer"] for e in ex], fields=[e["fields"] for e in ex],
                      group_ids=host_rows(ro.group_ids))

@@ -6,8 +6,8 @@
   others        a method asks for more by role (e.g. a teacher's log-probs for distillation) through
                 `score_roles`, stored in `TrainBatch.extras["<role>_logp"]`
 
-All are taken under the sampler's processing (temperature, top-k, top-p), so `mismatch` (trainer old_logp
-vs the sampler's `rollout_logp`, over policy rows' response tokens) measures numerics alone: a mismatch
+All are taken under the sampler's processing (temperature, top-k, top-p), so the mismatch metric
+(`rl_metrics.mismatch`: trainer old_logp vs the sampler's `rollout_logp`, policy rows) measures numerics alone: a mismatch
 well above float rounding means the trainer and the sampler compute different distributions.
 """
 from __future__ import annotations
@@ -18,24 +18,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlkit.core.types import ROW_SOURCE, TrainBatch
-from rlkit.train.phases.collect import Samples, host_rows
+from rlkit.core.types import TrainBatch
+from rlkit.train.phases.collect import Samples
 
 
-def train_batch(samples: Samples, advantages: jax.Array, put_batch: Callable[[dict], dict],
+def train_batch(samples: Samples, advantages, put_batch: Callable[[dict], dict],
                 token_weights: Optional[jax.Array] = None) -> TrainBatch:
   """The update's batch from the selected, augmented rows (old/ref log-probs still zero: see `score`)."""
   ro = samples.rollout
-  host = put_batch({"row_source": samples.row_source.astype(np.int32), "valid": samples.valid})
+  # This process's rows -> global arrays, sharded like the rollout (`advantages` [n, R] are host-side).
+  host = put_batch({"row_source": samples.row_source.astype(np.int32), "valid": samples.valid,
+                    "advantages": np.asarray(advantages, np.float32)})
   valid = host["valid"][:, None]
   loss_mask = ro.response_mask & valid
   attention_mask = ro.attention_mask & valid
-  zeros = jnp.zeros(ro.response.shape, jnp.float32)
+  zeros = jnp.zeros_like(ro.logprobs)
   return TrainBatch(tokens=ro.tokens, attention_mask=attention_mask, loss_mask=loss_mask, old_logp=zeros,
-                    rollout_logp=jnp.where(loss_mask, ro.logprobs, 0.0), advantages=advantages,
-                    token_weights=jnp.ones(ro.response.shape, jnp.float32) if token_weights is None
-                    else token_weights, group_ids=ro.group_ids, row_source=host["row_source"],
-                    extras=dict(ro.extras))
+                    rollout_logp=jnp.where(loss_mask, ro.logprobs, 0.0), advantages=host["advantages"],
+                    token_weights=jnp.ones_like(zeros) if token_weights is None else token_weights,
+                    group_ids=ro.group_ids, row_source=host["row_source"], extras=dict(ro.extras))
 
 
 def score(batch: TrainBatch, scorers: dict[str, tuple[Callable, Any]]) -> TrainBatch:
@@ -48,12 +49,3 @@ def score(batch: TrainBatch, scorers: dict[str, tuple[Callable, Any]]) -> TrainB
     out[role] = fn(params, batch)
   extras = dict(batch.extras, **{f"{r}_logp": v for r, v in out.items() if r not in ("policy", "reference")})
   return batch.replace(old_logp=out["policy"], ref_logp=out.get("reference"), extras=extras)
-
-
-def mismatch(batch: TrainBatch) -> dict[str, float]:
-  """|trainer old_logp - sampler logp| over policy rows' response tokens (this process's rows)."""
-  policy = host_rows(batch.row_source) == ROW_SOURCE["policy"]
-  mask = host_rows(batch.loss_mask) & policy[:, None]
-  delta = np.abs(host_rows(batch.old_logp) - host_rows(batch.rollout_logp))[mask]
-  return {"mismatch/mean": float(delta.mean()) if delta.size else 0.0,
-          "mismatch/max": float(delta.max()) if delta.size else 0.0}
