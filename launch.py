@@ -96,5 +96,18 @@ def main(argv):
     print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k in ("step", "stage")}))
 
 
+def _parse_flags(argv):
+  """absl's parser, with a bad `--config.<key>=...` override reported in one line instead of a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f"Flag error: {e}", file=sys.stderr)
+  except (AttributeError, KeyError, TypeError, ValueError) as e:   # raised by ml_collections' override parser
+    bad = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+    print(f"Config error: cannot apply the override(s) {', '.join(bad)}: {e!s}. Check the key names in "
+          "rlkit/train/config.py (and the value types).", file=sys.stderr)
+  sys.exit(2)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -40,6 +40,8 @@ LossTerm = Callable[[Array, Array, Any, dict], tuple[Array, dict[str, Metric]]]
 # name -> factory(cfg) -> LossTerm; cfg is the stage config section (read what the term needs from it).
 LOSS_TERMS: Registry[Callable[[Any], LossTerm]] = Registry("loss term")
 
+SFT_ONLY_TERMS = ("nll",)   # read the SFT step's view (targets over the whole sequence), not a TrainBatch
+
 
 def token_mean(x: Array, mask: Array, step_inputs: dict) -> Metric:
   """This slice's share of the full batch's masked token mean of `x`."""

@@ -7,6 +7,7 @@ what is wrong, and the valid choices.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ml_collections
@@ -46,6 +47,9 @@ def sft_defaults() -> ml_collections.ConfigDict:
   c.max_len = 32                # tokens per SFT sequence (prompt + completion), padded
   c.eval_every = 0              # evaluate every N steps (0: only at the end of the stage)
   c.stop_at_loss = 0.0          # end the stage early once the moving average of the loss is below this (0: off)
+  c.task = ml_collections.ConfigDict()   # this stage's own task (and data), overriding the run's `task`
+  c.task.name = ""              # "" keeps the run's task; else a task registry name (jsonl: kwargs.path)
+  c.task.kwargs = ml_collections.ConfigDict()   # that task's parameters
   c.max_skipped_updates = 10    # stop after this many update steps in a row with a non-finite loss/grad (0: never)
   c.optimizer = optimizer_defaults()
   return c
@@ -58,6 +62,9 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.prompts_per_step = 16       # distinct prompts per iteration
   c.group_size = 8              # completions per prompt (G)
   c.max_new_tokens = 8          # response budget; also the Dr. GRPO length constant
+  c.task = ml_collections.ConfigDict()   # this stage's own task (and data), overriding the run's `task`
+  c.task.name = ""              # "" keeps the run's task; else a task registry name (jsonl: kwargs.path)
+  c.task.kwargs = ml_collections.ConfigDict()   # that task's parameters
   c.temperature = 1.0           # sampling temperature (the trainer scores at the same temperature)
   c.top_k = 0                   # sampler top-k (0: off)
   c.top_p = 1.0                 # sampler nucleus mass (1: off)
@@ -84,6 +91,8 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.max_sampling_rounds = 4     # cap on extra sampling rounds of a filter that asks for more
   c.augment = "none"            # rows added to each group (registry AUGMENTERS): none | demonstration
   c.replay_routing = False      # MoE: the trainer reuses the sampler's expert choices (scoring and update)
+  c.score_roles = ()            # models (config.models roles) whose log-probs of the responses the loss terms
+                                # read, as TrainBatch.extras["<role>_logp"] (e.g. a teacher for distillation)
   c.overlong_cache = 0          # DAPO soft overlong penalty over the last N tokens of the budget (0: off)
   c.overlong_factor = 1.0       # penalty at the full budget
   c.eval_every = 0              # evaluate every N iterations (0: only at the end of the stage)
@@ -193,31 +202,63 @@ def _positive(config, keys: tuple[str, ...], minimum: int = 1) -> None:
       raise ConfigError(f"{key}={value} must be >= {minimum}.")
 
 
-def _check_task(config) -> None:
+def stage_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """The run config as stage `name` sees it: with the stage's own `task` (and, for jsonl, its file as
+  data.train_jsonl, no test file) when `<name>.task.name` is set; else `config` itself."""
+  own = config[name].get("task")
+  if own is None or not own.name:
+    return config
+  c = ml_collections.ConfigDict(config.to_dict())
+  kwargs = dict(own.kwargs)
+  if own.name == "jsonl":
+    c.data.train_jsonl, c.data.test_jsonl = kwargs.pop("path", ""), ""
+  c.task = ml_collections.ConfigDict({"name": own.name, "kwargs": kwargs})
+  return c
+
+
+def _check_task(config, where: str = "task") -> None:
   """The task is built from task.name and task.kwargs now, so a bad parameter fails before any work."""
-  from rlkit.data.tasks import make_task
+  from rlkit.data.tasks import TASKS, make_task
+  choice(config.task.name, TASKS, f"{where}.name")
   kwargs = dict(config.task.kwargs)
   if config.task.name == "jsonl":
     if not config.data.train_jsonl:
-      raise ConfigError("task.name='jsonl' needs data.train_jsonl (and data.test_jsonl for evaluation).")
+      raise ConfigError(f"{where}.name='jsonl' needs a file: data.train_jsonl (and data.test_jsonl for "
+                        "evaluation), or for a stage's own task, its task.kwargs.path.")
     kwargs["path"] = config.data.train_jsonl
   try:
     make_task(config.task.name, **kwargs)
   except (ValueError, TypeError, FileNotFoundError) as e:
-    raise ConfigError(f"task.kwargs: {e}") from None
+    raise ConfigError(f"{where}.kwargs: {e}") from None
+
+
+def _check_path(path: str, key: str) -> None:
+  if path and not os.path.exists(path):
+    raise ConfigError(f"{key}={path!r} does not exist; give a Hugging Face folder, an rlkit workdir or an "
+                      "rlkit checkpoint directory (or leave it empty to build the model from the fields).")
 
 
 def _check_models(config) -> None:
+  _check_path(config.model.path, "model.path")
+  for name in config.stages:
+    for role in config[name].get("score_roles", ()):
+      if role not in config.models:
+        raise ConfigError(f"{name}.score_roles names {role!r}, but config.models has no such role (roles: "
+                          f"{', '.join(config.models.keys()) or 'none'}).")
   if not config.models.keys():
     return
   from rlkit.train.models import role_model_defaults
   for role in config.models.keys():
-    _check_section(config.models[role], role_model_defaults(), f"models.{role}")
+    section = config.models[role]
+    _check_section(section, role_model_defaults(), f"models.{role}")
+    _check_path(section.path, f"models.{role}.path")
+    if section.trainable:
+      raise ConfigError(f"models.{role}.trainable=True: only frozen models by role are supported so far (none "
+                        "enters an optimizer); set it to False.")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError on the first problem; reads a JSONL task's file but writes nothing, starts no device."""
-  from rlkit.data.tasks import TASKS
   from rlkit.models.tokenizer import TOKENIZERS
   from rlkit.models.transformer import ATTENTION_IMPLS
   from rlkit.train.stages import STAGES
@@ -265,8 +306,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if "tokenizer" in needs:
     choice(config.tokenizer.kind, TOKENIZERS, "tokenizer.kind")
   if "task" in needs:
-    choice(config.task.name, TASKS, "task.name")
     _check_task(config)
+    for name in stages:
+      if stage_config(config, name) is not config:
+        _check_task(stage_config(config, name), f"{name}.task")
   if "data" in needs:
     _positive(config, ("data.num_train", "data.max_prompt_len"))
     _positive(config, ("data.num_test",), 0)

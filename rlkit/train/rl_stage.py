@@ -21,19 +21,19 @@ import numpy as np
 from rlkit.core.types import ROW_SOURCE
 from rlkit.data.pipeline import make_iterator
 from rlkit.optim.optimizers import make_optimizer
+from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rewards import REWARDS, VerifierExecutor, check_reward_kwargs, concat_outputs, take
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import make_scorer
 from rlkit.train.config import ConfigError, rl_defaults
 from rlkit.train.phases.advantages import token_advantages
-from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv
-from rlkit.parallel.hosts import host_rows, process_sum
+from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, build_augmenter
 from rlkit.train.phases.collect import Samples, collect
 from rlkit.train.phases.filter import FILTERS, select_rows
 from rlkit.train.phases.reward import compute_rewards
 from rlkit.train.phases.score import score, train_batch
-from rlkit.train.rl_metrics import accuracy, failures, mismatch, policy_metrics
 from rlkit.train.phases.update import ppo_updates
+from rlkit.train.rl_metrics import accuracy, failures, mismatch, policy_metrics
 from rlkit.train.stages import Stage, loop, register_stage
 from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step
 
@@ -55,9 +55,12 @@ def sampling_config(cfg, tokenizer) -> SamplingConfig:
 
 
 def _scorers(ctx, cfg, state, sampling) -> dict:
-  """role -> (jitted scorer, params): the policy (old log-probs) and, with kl_beta > 0, the reference."""
+  """role -> (jitted scorer, params): the policy (old log-probs), with kl_beta > 0 the reference, and every
+  role of `score_roles` (its log-probs go to TrainBatch.extras["<role>_logp"])."""
   policy = make_scorer(ctx.model, sampling, cfg.replay_routing)
   scorers = {"policy": (policy, None)}
+  for role in cfg.score_roles:
+    scorers[role] = (make_scorer(ctx.models[role].module, sampling), ctx.models[role].params)
   if cfg.kl_beta > 0:
     if "reference" in ctx.models:
       ref = ctx.models["reference"]
@@ -77,7 +80,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   executor = VerifierExecutor(timeout_s=cfg.reward.timeout_s)
   reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
   keep = FILTERS.get(cfg.filter)
-  augmenter = AUGMENTERS.get(cfg.augment)(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
+  augmenter = build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
   group, prompts = cfg.group_size, cfg.prompts_per_step
   it = make_iterator(ctx.train_source, prompts, ctx.config.seed + 1000 * meta["stage_index"], tok,
                      ctx.config.data.max_prompt_len, process_index=jax.process_index(),
@@ -99,7 +102,8 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     samples, rewards = Samples.concat(parts), concat_outputs(outputs)
     rows = select_rows(selection, len(samples), group, prompts)
     samples, rewards = samples.take(rows), take(rewards, rows)
-    metrics = policy_metrics(rewards, host_rows(samples.rollout.lengths), group)
+    lengths = host_rows(samples.rollout.lengths)            # the policy's rows, before any augmentation
+    metrics = policy_metrics(rewards, lengths, group)
     samples, rewards = augmenter(samples, rewards, jax.random.fold_in(key, 5_000))
     sample_s = time.perf_counter() - t0
 
@@ -115,7 +119,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     update_s = time.perf_counter() - t1
     metrics.update(update_metrics)
     metrics.update(**accuracy(outputs[0]), **failures(rewards.failures))
-    gen_tokens, tokens, teacher = process_sum([host_rows(samples.rollout.lengths).sum(),
+    gen_tokens, tokens, teacher = process_sum([lengths.sum(),
                                                host_rows(batch.attention_mask).sum(),
                                                np.sum(samples.row_source == ROW_SOURCE["teacher"])])
     metrics.update({"sampling_rounds": rounds, "sample_s": sample_s, "update_s": update_s,
@@ -131,11 +135,10 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     executor.close()
 
 
-
 def validate(section, name: str) -> None:
   """Range checks of an RL section (types and unknown keys are checked by `config.validate`)."""
   from rlkit.objectives import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-  from rlkit.objectives.loss_terms import LOSS_TERMS
+  from rlkit.objectives.loss_terms import LOSS_TERMS, SFT_ONLY_TERMS
   from rlkit.train.config import choice
 
   def need(ok: bool, key: str, rule: str) -> None:
@@ -158,6 +161,9 @@ def validate(section, name: str) -> None:
     if term in ("policy", "kl", "entropy"):
       raise ConfigError(f"{name}.loss_terms.{term}: the {term!r} term is configured by its own fields "
                         "(always on / kl_beta / entropy_coef); loss_terms holds extra terms only.")
+    if term in SFT_ONLY_TERMS:
+      raise ConfigError(f"{name}.loss_terms.{term}: {term!r} is the SFT stage's next-token loss; it does not "
+                        "read an RL TrainBatch.")
   for key in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "minibatches", "micro_batches"):
     need(section[key] >= 1, key, "must be >= 1")
   need(section.group_size >= 2 or section.advantage == "batch", "group_size",
@@ -175,7 +181,7 @@ def validate(section, name: str) -> None:
        f"must be in [0, max_new_tokens={section.max_new_tokens}]")
   need(section.max_skipped_updates >= 0, "max_skipped_updates", "must be >= 0 (0: never stop)")
   need(section.reward.timeout_s >= 0, "reward", "needs reward.timeout_s >= 0 (0: no limit, for debugging)")
-  rows = section.prompts_per_step * (section.group_size + (1 if section.augment == "demonstration" else 0))
+  rows = section.prompts_per_step * (section.group_size + AUGMENTERS.get(section.augment).extra_rows(section))
   parts = section.minibatches * section.micro_batches
   if rows % parts:
     raise ConfigError(f"{name}: the {rows} rows of an iteration (prompts_per_step x group rows) must divide "

@@ -12,6 +12,7 @@ Orbax expects).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -24,6 +25,7 @@ from rlkit.data.tfds_builders import prepare, prepare_jsonl
 from rlkit.parallel.mesh import mesh_from_config
 from rlkit.parallel.rules import shard_batch
 from rlkit.train.checkpoint import Checkpointer
+from rlkit.train.config import stage_config
 from rlkit.train.metrics import MetricsLogger, plot_metrics
 from rlkit.train.models import build_model, build_models, model_spec, tokenizer_from_spec
 from rlkit.train.stages import STAGES, Context
@@ -83,10 +85,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   tokenizer = tokenizer_from_spec(config.tokenizer) if "tokenizer" in needs else None
   task = build_task(config) if "task" in needs else None
   sources = _on_lead_first(lambda: build_data(config, workdir)) if "data" in needs else {}
-  eval_records = []
-  if "test" in sources:
-    test = sources["test"]
-    eval_records = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
+  test = sources.get("test", [])
+  eval_records = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
   with jax.set_mesh(mesh):
     model, params = build_model(config.model, tokenizer, jax.random.fold_in(key, 1), mesh)
     models = build_models(config.models, tokenizer, jax.random.fold_in(key, 3), mesh)
@@ -97,7 +97,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                            progress=config.progress and lead, enabled=lead)
     ctx = Context(config=config, model=model, tokenizer=tokenizer, task=task, train_source=sources.get("train"),
                   eval_records=eval_records, logger=logger, checkpointer=checkpointer,
-                  key=jax.random.fold_in(key, 2), put_batch=lambda b: shard_batch(b, mesh), models=models)
+                  key=jax.random.fold_in(key, 2), put_batch=lambda b: shard_batch(b, mesh), models=models,
+                  workdir=workdir)
     resume_meta = None
     if resume_step is not None:
       resume_meta = json.loads(json.dumps(checkpointer.restore_meta(resume_step)))
@@ -114,6 +115,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return evals[-1] if evals else {}
 
 
+def stage_context(ctx: Context, config, name: str) -> Context:
+  """The run's context, or for a stage with its own `task` one with that task and its data."""
+  own = stage_config(config, name)
+  if own is config:
+    return ctx
+  sources = _on_lead_first(lambda: build_data(own, ctx.workdir))
+  test = sources.get("test", [])
+  return dataclasses.replace(ctx, task=build_task(own), train_source=sources["train"],
+                             eval_records=[test[i] for i in range(min(config.eval.num_examples, len(test)))])
+
+
 def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:
   offsets = _stage_offsets(config)
   for index, name in enumerate(config.stages):
@@ -127,9 +139,10 @@ def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:
     if resume_meta is not None and resume_meta["stage_index"] == index:
       state, saved = ctx.checkpointer.restore(resume_step, state)
       start, done = saved["stage_step"], saved.get("done", False)
-      meta.update(iterator=saved.get("iterator"), loss_ema=saved.get("loss_ema"))
+      meta.update(iterator=saved.get("iterator"), loss_ema=saved.get("loss_ema"),
+                  skipped_run=saved.get("skipped_run", 0))
       resume_meta = None
     if start < cfg.steps and not done:
-      state = stage.run(ctx, cfg, state, start, meta)
+      state = stage.run(stage_context(ctx, config, name), cfg, state, start, meta)
     params = state["train"].params
   return params

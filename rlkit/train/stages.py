@@ -41,6 +41,7 @@ class Context:
   key: jax.Array
   put_batch: Callable[[dict], dict]        # host batch -> device arrays (sharded over the data axes)
   models: dict = dataclasses.field(default_factory=dict)   # role -> Model (rlkit.train.models), besides the policy
+  workdir: str = ""
 
 
 class TrainingError(RuntimeError):

@@ -1,9 +1,10 @@
 """Phase 4, augment: rows added to each group from elsewhere (a teacher, a peer model, a demonstration);
 registry `AUGMENTERS`, config `rl.augment` (default `none`).
 
-An augmenter is built once per stage, `make(cfg, env) -> Augmenter`, where `env` is an `AugmentEnv` (the
-stage's tokenizer, reward function, sampling config and models by role). It declares how many rows it adds
-to each group (`extra_rows`, static, so shapes stay fixed) and is called as
+An augmenter is registered as `AugmenterSpec(make, extra_rows)`: `extra_rows(cfg)` says how many rows it adds
+to each group (static, so shapes stay fixed and config validation can check that batches still divide), and
+`make(cfg, env) -> Augmenter` builds it once per stage, where `env` is an `AugmentEnv` (the stage's
+tokenizer, reward function, config, `put_batch` and models by role). It is called as
 
   augmenter(samples, rewards, key) -> (samples, rewards)
 
@@ -19,7 +20,7 @@ padding rows (`valid` False, every mask False), which change no advantage, loss 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
 import numpy as np
@@ -49,13 +50,24 @@ class Augmenter:
     return (samples, rewards) if self.fn is None else self.fn(samples, rewards, key)
 
 
-AUGMENTERS: Registry[Callable[[Any, AugmentEnv], Augmenter]] = Registry("augmenter")
+class AugmenterSpec(NamedTuple):
+  make: Callable[[Any, AugmentEnv], Augmenter]
+  extra_rows: Callable[[Any], int]
 
 
-@AUGMENTERS.register("none")
-def no_augmenter(cfg, env: AugmentEnv) -> Augmenter:
-  del cfg, env
-  return Augmenter(0)
+AUGMENTERS: Registry[AugmenterSpec] = Registry("augmenter")
+
+
+def build_augmenter(cfg, env: AugmentEnv) -> Augmenter:
+  spec = AUGMENTERS.get(cfg.augment)
+  augmenter = spec.make(cfg, env)
+  if augmenter.extra_rows != spec.extra_rows(cfg):
+    raise ValueError(f"augmenter {cfg.augment!r} adds {augmenter.extra_rows} rows per group but declares "
+                     f"{spec.extra_rows(cfg)}; make AugmenterSpec.extra_rows agree with it.")
+  return augmenter
+
+
+AUGMENTERS.add("none", AugmenterSpec(lambda cfg, env: Augmenter(0), lambda cfg: 0))
 
 
 def interleave_groups(base: Samples, base_rewards: RewardOutput, extra: Samples, extra_rewards: RewardOutput,
@@ -79,7 +91,6 @@ def response_rows(tokenizer, texts: list, width: int, pad_id: int) -> tuple[np.n
   return tokens, mask
 
 
-@AUGMENTERS.register("demonstration")
 def demonstration_augmenter(cfg, env: AugmentEnv) -> Augmenter:
   """One `teacher` row per group with the example's demonstration (the SFT target) as the response."""
   group_size, width, tok = cfg.group_size, cfg.max_new_tokens, env.tokenizer
@@ -104,3 +115,6 @@ def demonstration_augmenter(cfg, env: AugmentEnv) -> Augmenter:
     return interleave_groups(samples, rewards, extra, extra_rewards, group_size, 1)
 
   return Augmenter(1, add)
+
+
+AUGMENTERS.add("demonstration", AugmenterSpec(demonstration_augmenter, lambda cfg: 1))

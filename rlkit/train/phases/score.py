@@ -4,7 +4,7 @@
   old_logp      the policy before this iteration's updates (the PPO ratio's denominator)
   ref_logp      the reference model (kl_beta > 0): the stage's initial policy, or `models.reference`
   others        a method asks for more by role (e.g. a teacher's log-probs for distillation) through
-                `score_roles`, stored in `TrainBatch.extras["<role>_logp"]`
+                `rl.score_roles`, stored in `TrainBatch.extras["<role>_logp"]`
 
 All are taken under the sampler's processing (temperature, top-k, top-p), so the mismatch metric
 (`rl_metrics.mismatch`: trainer old_logp vs the sampler's `rollout_logp`, policy rows) measures numerics alone: a mismatch
