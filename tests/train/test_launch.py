@@ -59,14 +59,6 @@ def test_resuming_with_a_changed_config_names_the_keys_and_stops(tmp_path):
   assert '"kl_beta": 0.1' in (workdir / "config.json").read_text()
 
 
-def test_cpu_devices_split_the_host_and_the_batch(tmp_path):
-  code, out, err = _run(str(tmp_path / "run"), "--config.mesh.cpu_devices=2")
-  assert code == 0, err[-3000:]
-  assert "mesh {'data': 2, 'fsdp': 1, 'tensor': 1} over 2 cpu device(s)" in out
-  rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
-  assert any(r["stage"] == "rl" and "eval/accuracy" in r for r in rows)
-
-
 # RL runs longer than the preset so the kill lands mid-stage with several steps left.
 RESUME = ("--config.rl.steps=8", "--config.checkpoint.every=2")
 

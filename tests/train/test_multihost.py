@@ -1,5 +1,6 @@
 """Multi-host for real: two processes on localhost (`jax.distributed`, CPU collectives over gloo) run the
-`test` preset and log exactly the metrics of one process over two devices; only process 0 writes them."""
+`test` preset and log exactly the metrics of one process over two devices (`mesh.cpu_devices=2`, which
+splits the host and the batch); only process 0 writes them."""
 import os
 import socket
 import subprocess
@@ -46,6 +47,7 @@ def test_two_processes_equal_one_process_over_two_devices(tmp_path):
   single = subprocess.run(_cmd(one, "--config.mesh.cpu_devices=2"), cwd=ROOT, capture_output=True, text=True,
                           env=_env(), timeout=400)
   assert single.returncode == 0, single.stderr[-3000:]
+  assert "mesh {'data': 2, 'fsdp': 1, 'tensor': 1} over 2 cpu device(s)\n" in single.stdout
   reference = without_timings(read_metrics(str(one / "metrics.jsonl")))
   rows = without_timings(read_metrics(str(two / "metrics.jsonl")))
   assert any(r["stage"] == "rl" and r.get("reward", 0) > 0 for r in reference), "rewards must vary"

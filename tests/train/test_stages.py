@@ -1,21 +1,132 @@
-"""The RL stage in-process: every stage-level switch changes what one iteration does (no dead flags)."""
+"""The RL stage in-process, one iteration at a time: every stage switch changes what an iteration does (no
+dead flags), and the stage-level contracts of the phases (padding rows, demonstration rows, dynamic-sampling
+group ids, a hanging verifier, the non-finite guard, sampler/trainer mismatch under truncated sampling).
+
+Speed: a run builds a fresh jitted update step and scorer, and compiling them is most of an iteration's cost
+on CPU. `run_stage` hands the stage step functions and scorers memoised by everything they are built from
+(the RL section minus the fields only the host-side phases read), so a flip of a reward, filter or advantage
+field reuses the baseline's compiled step; it compiles with XLA's optimisation passes off (`_fast_compile`,
+about half the compile time; tests/train/test_phases.py checks the mismatch under the default passes). Runs
+are memoised by their overrides (`one_iteration`), so a flip's context is run once.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import json
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+import optax
 import pytest
 
+from rlkit.core.types import ROW_SOURCE
 from rlkit.data.tasks import make_task
 from rlkit.models.tokenizer import CharTokenizer
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params
-from rlkit.train.config import rl_defaults
-from rlkit.train.stages import STAGES, Context
+from rlkit.objectives.loss_terms import LOSS_TERMS
+from rlkit.optim.optimizers import make_optimizer, optimizer_defaults
+from rlkit.rewards import RewardOutput, register_reward
+from rlkit.train import rl_stage, stages
+from rlkit.train.config import base_config, rl_defaults
+from rlkit.train.models import Model
+from rlkit.train.phases.augment import AUGMENTERS, Augmenter, AugmenterSpec, interleave_groups
+from rlkit.train.stages import STAGES, Context, TrainingError
+from tests.fast_compile import fast_compile as _fast_compile
 
 TOK = CharTokenizer()
-MODEL = Transformer(TransformerConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=48,
+# (A width no other test module uses, so no jitted sampler is shared with them: see `_fast_compile`.)
+MODEL = Transformer(TransformerConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=40,
                                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                                       tie_word_embeddings=True, rope_theta=10_000.0))
 TASK = make_task("arithmetic", ops="+", min_digits=1, max_digits=1)
+GROUP, PROMPTS, MAX_NEW = 4, 4, 3
 
+
+# ----------------------------------------------------------------------------------- test components
+
+@register_reward("test_stages_digits")
+def _make_digits_reward(task, executor):
+  """Digits in the completion (+0.5 if it ended with EOS) for prompts with an odd first operand, else 0.
+
+  Computed in-process. Every odd-prompt group of an untrained model has reward variance, every even-prompt
+  group is flat: the advantages have something to act on, and dynamic sampling has groups to drop.
+  """
+  del task, executor
+
+  def reward_fn(batch):
+    digits = np.array([sum(c.isdigit() for c in text) for text in batch.completions], np.float64)
+    odd = np.array([int(p[0]) % 2 == 1 for p in batch.prompts])
+    r = np.where(odd, digits + 0.5 * batch.finished, 0.0)
+    return RewardOutput(rewards=r, correct=r > 1.0, components={"digits": r.copy()}, failures={})
+  return reward_fn
+
+
+@register_reward("test_stages_hang")
+def _make_hanging_reward(task, executor):
+  """Scores every 8th row with a verifier that sleeps forever (tests/rewards/_verifiers.py: `misbehave`, which
+  the executor's spawn worker can import), the rest with their length."""
+  from tests.rewards._verifiers import misbehave
+  del task
+
+  def reward_fn(batch):
+    rows = [("sleep" if i % 8 == 0 else str(int(n)), "0") for i, n in enumerate(batch.lengths)]
+    out = executor.map(misbehave, rows)
+    return RewardOutput(rewards=out.values, correct=None, components={}, failures=out.failures)
+  return reward_fn
+
+
+@LOSS_TERMS.register("test_stages_nll")
+def _nll_term(cfg):
+  """-logp of the sampled tokens: an extra term that pulls every row (so it changes any update)."""
+  del cfg
+  return lambda logp, logits, batch, step_inputs: (-logp, {})
+
+
+@LOSS_TERMS.register("test_stages_nan")
+def _nan_term(cfg):
+  """A NaN per-token loss: every update that includes it has a non-finite loss and gradient."""
+  del cfg
+  return lambda logp, logits, batch, step_inputs: (logp * jnp.nan, {})
+
+
+PAD_REWARD = 1e3     # what a padding row claims; it would dominate every statistic it entered
+
+
+def _pad_augmenter(cfg, env):
+  """One padding row per group: `valid` False, every mask False, tokens and reward that would change the
+  group's advantage, the loss and the gradient if anything used them."""
+  group_size = cfg.group_size
+
+  def add(samples, rewards, key):
+    del key
+    first = np.arange(0, len(samples), group_size)
+    base = samples.take(first)
+    ro = base.rollout
+    garbage = (ro.response + 7) % TOK.vocab_size
+    rollout = dataclasses.replace(ro, prompt_mask=jnp.zeros_like(ro.prompt_mask), response=garbage,
+                                  response_mask=jnp.zeros_like(ro.response_mask), logprobs=jnp.full(
+                                      ro.logprobs.shape, -3.0), lengths=jnp.zeros_like(ro.lengths))
+    n = len(first)
+    pad = dataclasses.replace(base, rollout=rollout, row_source=np.full(n, ROW_SOURCE["padding"], np.int32),
+                              valid=np.zeros(n, bool))
+    pad_rewards = RewardOutput(rewards=np.full(n, PAD_REWARD), correct=None if rewards.correct is None
+                               else np.zeros(n, bool), components={k: np.zeros(n) for k in rewards.components},
+                               failures={})
+    return interleave_groups(samples, rewards, pad, pad_rewards, group_size, 1)
+
+  return Augmenter(1, add)
+
+
+AUGMENTERS.add("test_stages_pad", AugmenterSpec(_pad_augmenter, lambda cfg: 1))
+
+
+# ------------------------------------------------------------------------------------ running a stage
 
 class _Log:
   def __init__(self):
@@ -42,57 +153,444 @@ class _NoCkpt:
     pass
 
 
-def _one_iteration(**overrides):
-  import ml_collections
-  config = ml_collections.ConfigDict({"seed": 0, "data": {"max_prompt_len": 5},
-                                      "eval": {"batch_size": 8, "max_new_tokens": 3, "pass_k": 0}})
+# RL fields that only the host-side phases and the loop read: two sections that differ only here build the
+# same update step, so `run_stage` reuses the compiled one.
+HOST_ONLY = ("kind", "steps", "prompts_per_step", "group_size", "reward", "advantage", "adv_eps", "filter",
+             "max_sampling_rounds", "augment", "overlong_cache", "overlong_factor", "eval_every",
+             "max_skipped_updates", "ppo_epochs", "minibatches")
+_STEPS: dict = {}
+_SCORERS: dict = {}
+
+
+def _arguments(make, *args, **kwargs) -> dict:
+  """`make`'s arguments by name, defaults filled in (so `f(m, s)` and `f(m, s, False)` are one key)."""
+  bound = inspect.signature(make).bind(*args, **kwargs)
+  bound.apply_defaults()
+  return dict(bound.arguments)
+
+
+def _memo_step(make):
+  def make_step(*args, **kwargs):
+    arguments = _arguments(make, *args, **kwargs)
+    cfg = arguments.pop("cfg")
+    section = {k: v for k, v in cfg.to_dict().items() if k not in HOST_ONLY}
+    if cfg.optimizer.schedule != "constant":     # decaying schedules depend on the number of updates
+      section["total_updates"] = cfg.steps * cfg.ppo_epochs * cfg.minibatches
+    arguments.pop("tx")                          # built from cfg.optimizer (and the number of updates)
+    key = (json.dumps(section, sort_keys=True, default=str), repr(arguments))
+    if key not in _STEPS:
+      _STEPS[key] = make(*args, **kwargs)
+    return _STEPS[key]
+  return make_step
+
+
+def _memo_scorer(make):
+  def make_scorer(*args, **kwargs):
+    key = repr(_arguments(make, *args, **kwargs))
+    if key not in _SCORERS:
+      _SCORERS[key] = make(*args, **kwargs)
+    return _SCORERS[key]
+  return make_scorer
+
+
+class Run(NamedTuple):
+  rows: list            # logged metrics, one dict per iteration
+  delta: np.ndarray     # final - initial parameters, flattened
+  state: Any            # the stage's final state
+  batches: list         # the TrainBatch of every iteration (host copies)
+  eval_steps: list      # global steps the loop evaluated at
+  optimizers: list      # (optimizer section, total steps) of every `make_optimizer` call of the stage
+
+  @property
+  def metrics(self) -> dict:
+    return self.rows[0]
+
+
+def _config(overrides: dict) -> ml_collections.ConfigDict:
+  cfg = rl_defaults()
+  cfg.update(dict(steps=1, prompts_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW, ppo_epochs=2))
+  # Inline rewards (no worker process to start per run); the worker path: test_hanging_verifier_times_out.
+  cfg.reward.name, cfg.reward.timeout_s = "test_stages_digits", 0.0
+  for key, value in overrides.items():
+    *path, leaf = key.split(".")
+    section = cfg
+    for p in path:
+      section = section[p]
+    section[leaf] = ml_collections.ConfigDict(value) if isinstance(value, dict) else value
+  STAGES.get("rl").validate(cfg, "rl")
+  return cfg
+
+
+@functools.lru_cache(maxsize=1)
+def _initial_params():
+  return init_params(MODEL.cfg, jax.random.key(0))
+
+
+@functools.lru_cache(maxsize=1)
+def _roles() -> dict:
+  """Every run holds a frozen `teacher` (another init of the policy's architecture); only `score_roles` uses it."""
+  return {"teacher": Model(MODEL, init_params(MODEL.cfg, jax.random.key(5)), TOK, False)}
+
+
+def run_stage(overrides: dict, patches=(), logger=None) -> Run:
+  """Runs the `rl` stage of `_config(overrides)` in-process; `patches`: (module, name, wrap(original))."""
+  config = base_config()
+  config.data.max_prompt_len = 5
+  config.eval.update(batch_size=8, max_new_tokens=MAX_NEW, pass_k=0)
   rng = np.random.default_rng(0)
   source = [dict(TASK.make_example(rng)) for _ in range(64)]
-  cfg = rl_defaults()
-  # verifier_format gives 0.1 to any completion that starts with a number, so even an untrained model's
-  # groups have reward variance and every switch has something to act on.
-  cfg.update(dict(steps=1, prompts_per_step=8, group_size=4, max_new_tokens=3, reward="verifier_format"))
-  cfg.update(overrides)
-  params = init_params(MODEL.cfg, jax.random.key(0))
+  cfg = _config(overrides)
+  with _fast_compile():
+    params, models = _initial_params(), _roles()
   ctx = Context(config=config, model=MODEL, tokenizer=TOK, task=TASK, train_source=source, eval_records=[],
-                logger=_Log(), checkpointer=_NoCkpt(), key=jax.random.key(1), put_batch=lambda b: b)
+                logger=logger or _Log(), checkpointer=_NoCkpt(), key=jax.random.key(1), put_batch=lambda b: b,
+                models=models)
+  batches, eval_steps, optimizers = [], [], []
+
+  def capture(ppo_updates):
+    def wrapped(step_fn, train, batch, *args, **kwargs):
+      batches.append(jax.device_get(batch))
+      return ppo_updates(step_fn, train, batch, *args, **kwargs)
+    return wrapped
+
+  def record_eval(maybe_eval):
+    def wrapped(ctx, params, name, global_step, index):
+      eval_steps.append(global_step)
+      return maybe_eval(ctx, params, name, global_step, index)
+    return wrapped
+
+  def record_optimizer(make_optimizer):
+    def wrapped(section, total_steps):
+      optimizers.append((section.to_dict(), total_steps))
+      return make_optimizer(section, total_steps)
+    return wrapped
+
   stage = STAGES.get("rl")
-  # The step donates its state, so the stage gets its own copy of the initial parameters.
-  state = stage.init(ctx, cfg, jax.tree.map(jnp.copy, params))
-  state = stage.run(ctx, cfg, state, 0, {"stage": "rl", "stage_index": 0, "offset": 0})
+  all_patches = [(rl_stage, "make_rl_step", _memo_step), (rl_stage, "make_scorer", _memo_scorer),
+                 (rl_stage, "ppo_updates", capture), (stages, "maybe_eval", record_eval),
+                 (rl_stage, "make_optimizer", record_optimizer), *patches]
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(_fast_compile())
+    for module, name, wrap in all_patches:
+      original = getattr(module, name)
+      stack.callback(setattr, module, name, original)
+      setattr(module, name, wrap(original))
+    # The step donates its state, so the stage gets its own copy of the initial parameters.
+    state = stage.init(ctx, cfg, jax.tree.map(jnp.copy, params))
+    state = stage.run(ctx, cfg, state, 0, {"stage": "rl", "stage_index": 0, "offset": 0})
   delta = np.concatenate([np.ravel(a - b) for a, b in zip(jax.tree.leaves(state["train"].params),
                                                           jax.tree.leaves(params))])
-  return ctx.logger.rows[0], delta
+  return Run(ctx.logger.rows, delta, state, batches, eval_steps, optimizers)
 
 
+def _key(overrides: dict) -> str:
+  return json.dumps(overrides, sort_keys=True)
+
+
+_RUNS: dict = {}
+
+
+def one_iteration(**overrides) -> Run:
+  """`run_stage(overrides)`, memoised (keys with dots name nested fields: `reward.name`)."""
+  key = _key(overrides)
+  if key not in _RUNS:
+    _RUNS[key] = run_stage(overrides)
+  return _RUNS[key]
+
+
+# ----------------------------------------------------------------------------------------- no dead flags
+
+# field -> the flip's overrides; CONTEXT[field]: what the flip needs to act (compared against the context run).
 FLIPS = {
-    "temperature": 0.5, "top_k": 3, "top_p": 0.5, "reward": "verifier", "advantage": "rloo",
-    "ppo_epochs": 2, "minibatches": 2, "micro_batches": 2, "kl_beta": 0.5, "dynamic_sampling": True,
-    "overlong_cache": 2, "adv_eps": 10.0,
+    "steps": {"steps": 2},
+    "prompts_per_step": {"prompts_per_step": 2},
+    "group_size": {"group_size": 2},
+    "max_new_tokens": {"max_new_tokens": 2},
+    "temperature": {"temperature": 0.7},
+    "top_k": {"top_k": 3},
+    "top_p": {"top_p": 0.5},
+    "reward.name": {"reward.name": "verifier"},
+    "reward.kwargs": {"reward.kwargs": {"format_reward": 0.5}},
+    "advantage": {"advantage": "rloo"},
+    "adv_eps": {"adv_eps": 10.0},
+    "policy_loss": {"policy_loss": "gspo"},
+    "eps_low": {"eps_low": 0.0},
+    "eps_high": {"eps_high": 0.0},
+    "dual_clip": {"dual_clip": 1.01},
+    "aggregation": {"aggregation": "seq-mean-token-sum"},
+    "kl_beta": {"kl_beta": 0.5},
+    "kl_estimator": {"kl_estimator": "k1"},
+    "entropy_coef": {"entropy_coef": 0.1},
+    "loss_terms": {"loss_terms": {"test_stages_nll": 0.5}},
+    "ppo_epochs": {"ppo_epochs": 3},
+    "minibatches": {"minibatches": 2},
+    "micro_batches": {"micro_batches": 2},
+    "filter": {"filter": "dynamic_sampling"},
+    "max_sampling_rounds": {"max_sampling_rounds": 0},
+    "augment": {"augment": "demonstration"},
+    "overlong_cache": {"overlong_cache": 2},
+    "overlong_factor": {"overlong_factor": 3.0},
+    "eval_every": {"eval_every": 1},
+    "optimizer.lr": {"optimizer.lr": 3e-3},
+    "optimizer.name": {"optimizer.name": "sgd"},
+    "score_roles": {"score_roles": ("teacher",)},
 }
+CONTEXT = {
+    # Dual clip caps the loss of negative-advantage tokens whose ratio rose above it; the nll term makes the
+    # first epoch raise every sampled token, so the second epoch has such tokens.
+    "dual_clip": {"loss_terms": {"test_stages_nll": 0.5}},
+    "reward.kwargs": {"reward.name": "verifier_format"},
+    "kl_estimator": {"kl_beta": 0.5},
+    "max_sampling_rounds": {"filter": "dynamic_sampling"},
+    "overlong_factor": {"overlong_cache": 2},
+    "eval_every": {"steps": 2},
+}
+# Fields whose effect needs more than a one-iteration flip, and the test that shows it.
+COVERED_ELSEWHERE = {
+    "kind": "the stage kind itself (registry STAGES)",
+    "task.name": "tests/train/test_run.py (the run driver builds the stage's Context from the stage's task)",
+    "task.kwargs": "tests/train/test_run.py (as task.name)",
+    "reward.timeout_s": "test_hanging_verifier_times_out",
+    "max_skipped_updates": "test_max_skipped_updates_stops_the_stage",
+    "replay_routing": "test_stage_passes_replay_routing_to_the_scorer_and_the_step, and its effect on an MoE "
+                      "model: tests/train/test_phases.py::test_routing_replay_*",
+    **{f"optimizer.{k}": "test_every_optimizer_field_changes_the_updates" for k in optimizer_defaults()
+       if k not in ("lr", "name")},
+}
+# Metrics a flip may change instead of the update (e.g. a reward scale, which group advantages normalise away).
+COMPARED = ("reward", "loss", "entropy", "kl", "sampling_rounds", "response_len", "mismatch/mean", "grad_norm")
+
+
+def _fields(section, prefix=""):
+  for key, value in section.items():
+    if isinstance(value, ml_collections.ConfigDict) and key not in ("kwargs", "loss_terms"):
+      yield from _fields(value, f"{prefix}{key}.")
+    else:
+      yield prefix + key
+
+
+def test_every_rl_field_has_a_flip_or_a_test():
+  fields = set(_fields(rl_defaults()))
+  missing = fields - set(FLIPS) - set(COVERED_ELSEWHERE)
+  assert not missing, f"RL fields without a no-dead-switch check: {sorted(missing)}"
+  assert not (set(FLIPS) | set(COVERED_ELSEWHERE)) - fields, "checks of fields that no longer exist"
 
 
 @pytest.fixture(scope="module")
 def baseline():
-  metrics, delta = _one_iteration()
-  assert metrics["informative_groups"] > 0, "the baseline must have reward variance to test the switches"
-  return metrics, delta
+  run = one_iteration()
+  m = run.metrics
+  assert m["informative_groups"] > 0, "the baseline must have reward variance to test the switches"
+  assert np.abs(run.delta).max() > 0
+  return run
 
 
 @pytest.mark.parametrize("field", sorted(FLIPS))
 def test_every_rl_stage_switch_changes_the_iteration(baseline, field):
-  metrics, delta = _one_iteration(**{field: FLIPS[field]})
-  base_metrics, base_delta = baseline
-  if field == "micro_batches":   # same maths by design: only the memory profile may differ
-    np.testing.assert_allclose(delta, base_delta, atol=1e-6)
+  context = CONTEXT.get(field, {})
+  base = one_iteration(**context) if context else baseline
+  run = one_iteration(**context, **FLIPS[field])
+  if field == "micro_batches":   # the same maths by design: only the memory profile may differ
+    np.testing.assert_allclose(run.delta, base.delta, atol=1e-6)
     return
-  changed_update = not np.allclose(delta, base_delta, atol=1e-9)
-  changed_metrics = any(not np.isclose(metrics[k], base_metrics.get(k, np.nan))
-                        for k in ("reward", "loss", "entropy", "kl", "sampling_rounds", "response_len")
-                        if k in metrics)
-  assert changed_update or changed_metrics, field
+  changed_update = run.delta.shape != base.delta.shape or not np.allclose(run.delta, base.delta, atol=1e-9)
+  changed_metrics = [k for k in COMPARED if k in run.metrics and k in base.metrics
+                     and not np.isclose(run.metrics[k], base.metrics[k], rtol=1e-6, atol=0)]
+  changed_loop = len(run.rows) != len(base.rows) or run.eval_steps != base.eval_steps
+  changed_inputs = sorted(run.batches[0].extras) != sorted(base.batches[0].extras)
+  assert changed_update or changed_metrics or changed_loop or changed_inputs, field
 
 
-def test_mismatch_is_logged_and_tiny_on_policy(baseline):
-  metrics, _ = baseline
-  assert 0 <= metrics["mismatch/mean"] < 1e-4 and metrics["mismatch/max"] < 1e-3
+def test_every_optimizer_field_changes_the_updates():
+  """The optimizer section (built by `make_optimizer` from `rl.optimizer`): each field changes the updates of
+  three steps with large gradients (clip_norm acts), with the schedule fields under a decaying schedule."""
+  params = {"w": jnp.linspace(-1.0, 1.0, 4)}
+  grads = [{"w": jnp.asarray([3.0, -2.0, 1e-9, 0.5]) * s} for s in (1.0, -2.0, 0.5)]   # momentum matters
+
+  def updates(**fields):
+    cfg = optimizer_defaults()
+    cfg.update(fields)
+    tx = make_optimizer(cfg, total_steps=4)
+    state, p, out = tx.init(params), params, []
+    for g in grads:
+      u, state = tx.update(g, state, p)
+      p = optax.apply_updates(p, u)
+      out.append(np.asarray(u["w"]))
+    return np.stack(out)
+
+  flips = {"name": ("sgd", {}), "lr": (3e-3, {}), "schedule": ("cosine", {}), "b1": (0.5, {}),
+           "b2": (0.9, {}), "eps": (1.0, {}), "weight_decay": (0.1, {}), "clip_norm": (0.0, {}),
+           "warmup_steps": (2, {}), "final_lr_frac": (0.5, {"schedule": "linear"})}
+  assert set(flips) == set(optimizer_defaults())
+  with _fast_compile():
+    constant, linear = updates(), updates(schedule="linear")
+    for field, (value, context) in flips.items():
+      base = linear if context else constant
+      assert not np.allclose(base, updates(**context, **{field: value}), rtol=1e-6, atol=0), field
+
+
+def test_stage_passes_the_optimizer_section():
+  """`rl.optimizer` reaches the stage's optimizer whole (the fields above act through `make_optimizer`), with
+  the stage's number of updates (steps x ppo_epochs x minibatches) for the schedules."""
+  run = one_iteration(**FLIPS["optimizer.lr"])
+  want = _config(FLIPS["optimizer.lr"]).optimizer.to_dict()
+  assert run.optimizers and all(section == want and total == 2 for section, total in run.optimizers)
+
+
+# ------------------------------------------------------------------------- mismatch under truncated sampling
+
+@pytest.mark.parametrize("flip", ["temperature", "top_k", "top_p"])
+def test_mismatch_is_float_rounding_under_truncated_sampling(baseline, flip):
+  """Identical weights: the trainer's old log-probs equal the sampler's under the processed distribution (before
+  the rewrite: 0.68 nats under top_p=0.5 and 3.1 under top_k=3)."""
+  for m in (baseline.metrics, one_iteration(**FLIPS[flip]).metrics):
+    assert 0 <= m["mismatch/mean"] <= 1e-5, (flip, m["mismatch/mean"], m["mismatch/max"])
+    assert m["mismatch/max"] <= 1e-4, (flip, m["mismatch/max"])
+
+
+# ------------------------------------------------------------------------------------------ padding rows
+
+def test_masked_padding_rows_change_no_advantage_loss_or_gradient(baseline):
+  """A padding row per group (valid False, masks False, garbage tokens, a huge reward): the iteration's
+  update and loss equal the run without it."""
+  padded = one_iteration(augment="test_stages_pad")
+  batch = padded.batches[0]
+  pad = np.asarray(batch.row_source) == ROW_SOURCE["padding"]
+  assert pad.sum() == PROMPTS and batch.num_rows == PROMPTS * (GROUP + 1)
+  assert not np.asarray(batch.loss_mask)[pad].any() and not np.asarray(batch.attention_mask)[pad].any()
+  assert np.all(np.asarray(batch.advantages)[pad] == 0)
+  # The real rows' advantages are the unpadded run's, row for row.
+  np.testing.assert_allclose(np.asarray(batch.advantages)[~pad], np.asarray(baseline.batches[0].advantages),
+                             rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(padded.metrics["loss"], baseline.metrics["loss"], rtol=1e-5, atol=1e-8)
+  np.testing.assert_allclose(padded.metrics["grad_norm"], baseline.metrics["grad_norm"], rtol=1e-5)
+  # Updates are ~lr = 1e-3; the second epoch's Adam step amplifies float-rounding differences of the summation
+  # order (20 rows instead of 16) to ~2e-7 on a few coordinates. A padding row that leaked changes them by ~lr.
+  np.testing.assert_allclose(padded.delta, baseline.delta, rtol=1e-4, atol=1e-6)
+  assert np.abs(baseline.delta).max() > 1e-5       # there is an update to compare
+
+
+# -------------------------------------------------------------------------------------- demonstration rows
+
+def test_demonstration_adds_one_teacher_row_per_group(baseline):
+  run = one_iteration(augment="demonstration")
+  batch = run.batches[0]
+  cap = GROUP + 1
+  source = np.asarray(batch.row_source).reshape(PROMPTS, cap)
+  assert np.all(source[:, :GROUP] == ROW_SOURCE["policy"]) and np.all(source[:, GROUP] == ROW_SOURCE["teacher"])
+  assert run.metrics["rows/teacher"] == PROMPTS
+  groups = np.asarray(batch.group_ids).reshape(PROMPTS, cap)
+  assert np.all(groups == groups[:, :1])                     # the teacher row sits in its prompt's group
+  response = np.asarray(batch.response).reshape(PROMPTS, cap, -1)
+  mask = np.asarray(batch.loss_mask).reshape(PROMPTS, cap, -1)
+  policy_rows = np.asarray(batch.tokens).reshape(PROMPTS, cap, -1)
+  for g in range(PROMPTS):
+    prompt = TOK.decode(policy_rows[g, 0, :-MAX_NEW].tolist())
+    answer = str(eval(prompt.rstrip("=")))                   # the arithmetic task's demonstration: the answer
+    want = TOK.encode(answer, add_eos=True)[:MAX_NEW]
+    assert response[g, GROUP, :len(want)].tolist() == want and mask[g, GROUP].sum() == len(want)
+    assert np.all(policy_rows[g, GROUP, :-MAX_NEW] == policy_rows[g, 0, :-MAX_NEW])   # same prompt
+  teacher = source.reshape(-1) == ROW_SOURCE["teacher"]
+  assert np.all(np.asarray(batch.rollout_logp)[teacher] == 0)
+  assert not np.allclose(run.delta, baseline.delta, atol=1e-9)
+
+
+def test_mismatch_is_over_policy_rows_only():
+  """Teacher rows have no sampler log-probs (0): counted, they would make the mismatch their own log-probs."""
+  run = one_iteration(augment="demonstration")
+  batch = run.batches[0]
+  mask = np.asarray(batch.loss_mask)
+  delta = np.abs(np.asarray(batch.old_logp) - np.asarray(batch.rollout_logp))
+  policy = (np.asarray(batch.row_source) == ROW_SOURCE["policy"])[:, None] & mask
+  assert delta[mask].mean() > 0.1                            # what counting every row would give
+  np.testing.assert_allclose(run.metrics["mismatch/mean"], delta[policy].mean(), rtol=1e-5, atol=1e-9)
+  assert run.metrics["mismatch/mean"] <= 1e-5
+
+
+# -------------------------------------------------------------------------------------- dynamic sampling
+
+def test_group_ids_are_unique_across_dynamic_sampling_rounds():
+  run = one_iteration(filter="dynamic_sampling")
+  assert run.metrics["sampling_rounds"] > 1
+  ids = np.asarray(run.batches[0].group_ids).reshape(PROMPTS, GROUP)
+  assert np.all(ids == ids[:, :1]), "a group's rows share one id"
+  assert len(set(ids[:, 0].tolist())) == PROMPTS, f"group ids repeat across rounds: {ids[:, 0]}"
+  assert ids.max() >= PROMPTS, "the batch mixes groups from more than one round"
+  # Only informative groups were kept (every odd-operand group has variance, every even one is flat).
+  adv = np.asarray(run.batches[0].advantages)[:, 0].reshape(PROMPTS, GROUP)
+  assert np.all(np.abs(adv).max(axis=1) > 0)
+
+
+# ---------------------------------------------------------------------------------------- hanging verifier
+
+def test_hanging_verifier_times_out():
+  """Every 8th row's verifier sleeps forever; with reward.timeout_s=0.5 the iteration completes and logs them."""
+  run = one_iteration(**{"reward.name": "test_stages_hang", "reward.timeout_s": 0.5})
+  hung = -(-PROMPTS * GROUP // 8)
+  assert run.metrics["reward_failures/timeout"] == hung
+  assert run.metrics["reward_failures"] == hung
+  assert np.abs(run.delta).max() > 0                         # the other rows' rewards still trained
+
+
+# ------------------------------------------------------------------------------------- non-finite guard
+
+def test_non_finite_updates_are_skipped():
+  run = one_iteration(loss_terms={"test_stages_nan": 1.0}, max_skipped_updates=0)
+  assert run.metrics["skipped_updates"] == 2                 # ppo_epochs=2 x minibatches=1, all skipped
+  assert np.all(run.delta == 0), "a skipped update changed the parameters"
+  assert int(run.state["train"].step) == 0
+
+
+def test_max_skipped_updates_stops_the_stage():
+  overrides = dict(loss_terms={"test_stages_nan": 1.0}, max_skipped_updates=2, ppo_epochs=1, steps=3)
+  log = _Log()
+  with pytest.raises(TrainingError, match="max_skipped_updates") as err:
+    run_stage(overrides, logger=log)
+  assert "2 update steps in a row" in str(err.value)
+  assert len(log.rows) == 1        # iteration 1 skipped its one update and was logged; iteration 2 raised
+  assert log.rows[0]["skipped_updates"] == 1
+
+
+def test_score_roles_add_each_roles_logprobs():
+  """`score_roles=("teacher",)`: the TrainBatch carries the teacher's log-probs of every response token, by the
+  same scorer as old_logp, from the teacher's own params."""
+  from rlkit.rollout.scoring import make_scorer
+  run = one_iteration(score_roles=("teacher",))
+  batch = run.batches[0]
+  teacher = np.asarray(batch.extras["teacher_logp"])
+  mask = np.asarray(batch.loss_mask)
+  sampling = rl_stage.sampling_config(_config({}), TOK)
+  with _fast_compile():
+    want = make_scorer(MODEL, sampling)(_roles()["teacher"].params, batch)
+  np.testing.assert_allclose(teacher, want, rtol=1e-5, atol=1e-6)
+  assert np.abs(teacher - np.asarray(batch.old_logp))[mask].mean() > 0.1     # not the policy's numbers
+
+
+# ---------------------------------------------------------------------------------------- routing replay
+
+class _Built(Exception):
+  pass
+
+
+def test_stage_passes_replay_routing_to_the_scorer_and_the_step():
+  """The stage builds its update step and its policy scorer with `rl.replay_routing` (what they do with it on
+  an MoE model: tests/train/test_phases.py). Checked at build time; the run stops before sampling."""
+  for replay in (True, False):
+    seen = {}
+
+    def spy_step(make):
+      def wrapped(model, tx, cfg, sampling, micro_batches=1, replay_routing=False):
+        seen["step"] = replay_routing
+        return make(model, tx, cfg, sampling, micro_batches, replay_routing)
+      return wrapped
+
+    def spy_scorer(make):
+      def wrapped(model, sampling, replay_routing=False):
+        seen["scorer"] = replay_routing
+        raise _Built()
+      return wrapped
+
+    with pytest.raises(_Built):
+      run_stage({"replay_routing": replay}, patches=[(rl_stage, "make_rl_step", spy_step),
+                                                     (rl_stage, "make_scorer", spy_scorer)])
+    assert seen == {"step": replay, "scorer": replay}

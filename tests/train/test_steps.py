@@ -1,5 +1,7 @@
 """Update steps: v2 equals v1 bit for bit on v1's inputs; token weights, padding rows, traced step inputs,
 the non-finite guard, micro-batching, and every RL loss switch."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ from rlkit.rollout.scoring import make_scorer
 from rlkit.train.config import rl_defaults
 from rlkit.train.steps import (default_step_inputs, init_train_state, make_rl_loss, make_rl_step, make_sft_step,
                                rl_counts)
+from tests.fast_compile import fast_compile
 from tests.train import legacy_steps_v1 as v1
 
 CFG = TransformerConfig(vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=2,
@@ -108,6 +111,7 @@ def test_v2_step_equals_v1_step_with_micro_batches():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@fast_compile()
 def test_zero_weight_token_is_a_masked_token_that_stays_in_attention_and_normaliser():
   c = _cfg()
   b = _batch(_rl_dict())
@@ -143,6 +147,7 @@ def _pad_rows(b: TrainBatch, k: int) -> TrainBatch:
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@fast_compile()
 def test_padding_rows_change_no_loss_or_gradient(aggregation):
   c = _cfg(aggregation=aggregation, kl_beta=0.2)
   b = _batch(_rl_dict())
@@ -153,6 +158,7 @@ def test_padding_rows_change_no_loss_or_gradient(aggregation):
     np.testing.assert_allclose(np.asarray(a), np.asarray(z), rtol=1e-5, atol=1e-8)
 
 
+@fast_compile()
 def test_step_inputs_change_the_loss_without_recompiling():
   c = _cfg(kl_beta=0.5)
   tx = optax.sgd(0.0)
@@ -167,6 +173,7 @@ def test_step_inputs_change_the_loss_without_recompiling():
   assert step._cache_size() == 1
 
 
+@fast_compile()
 def test_non_finite_gradient_is_skipped_and_counted():
   c = _cfg()
   tx = optax.adam(1e-2)
@@ -184,6 +191,7 @@ def test_non_finite_gradient_is_skipped_and_counted():
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@fast_compile()
 def test_rl_micro_batching_matches_full_batch(aggregation):
   c = _cfg(aggregation=aggregation, kl_beta=0.1)
   b = _batch(_rl_dict())
@@ -198,6 +206,7 @@ def test_rl_micro_batching_matches_full_batch(aggregation):
     np.testing.assert_allclose(a, z, rtol=1e-4, atol=1e-7)
 
 
+@fast_compile()
 def test_metric_reductions_max_and_sum_combine_across_micro_batches():
   @LOSS_TERMS.register("test_row_max")
   def _row_max(cfg):
@@ -233,6 +242,7 @@ def test_sft_micro_batching_matches_full_batch_and_v1():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(o))
 
 
+@fast_compile()
 def test_zero_advantage_gives_zero_policy_gradient():
   b = _batch(_rl_dict())
   _, grads = _v2_value_and_grad(_cfg(), b.replace(advantages=jnp.zeros_like(b.advantages)))
@@ -247,6 +257,17 @@ FLIPS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _flat_loss_and_grads(overrides: tuple, negative_advantages: bool) -> np.ndarray:
+  """Loss and gradient of `_cfg(**overrides)` as one vector (memoised: the FLIPS share three baselines)."""
+  d = _rl_dict()
+  if negative_advantages:      # dual clip acts on negative advantages with ratios above the constant
+    d = dict(d, advantages=-jnp.abs(d["advantages"]), old_logp=d["old_logp"] - 2.0)
+  with fast_compile():
+    loss, grads = _v2_value_and_grad(_cfg(**dict(overrides)), _batch(d))
+  return np.concatenate([[float(loss)], np.concatenate([np.ravel(g) for g in jax.tree.leaves(grads)])])
+
+
 @pytest.mark.parametrize("field", sorted(FLIPS))
 def test_every_rl_loss_switch_has_an_effect(field):
   base = dict(max_new_tokens=R)
@@ -254,19 +275,13 @@ def test_every_rl_loss_switch_has_an_effect(field):
     base["aggregation"] = "seq-mean-token-sum-norm"
   if field == "kl_estimator":
     base["kl_beta"] = 0.5
-  d = _rl_dict()
-  if field == "dual_clip":      # dual clip acts on negative advantages with ratios above the constant
-    d = dict(d, advantages=-jnp.abs(d["advantages"]), old_logp=d["old_logp"] - 2.0)
-  b = _batch(d)
-
-  def flat(c):
-    loss, grads = _v2_value_and_grad(c, b)
-    return np.concatenate([[float(loss)], np.concatenate([np.ravel(g) for g in jax.tree.leaves(grads)])])
-
-  assert not np.allclose(flat(_cfg(**base)), flat(_cfg(**dict(base, **{field: FLIPS[field]}))), rtol=1e-6,
-                         atol=1e-9), field
+  flipped = dict(base, **{field: FLIPS[field]})
+  neg = field == "dual_clip"
+  assert not np.allclose(_flat_loss_and_grads(tuple(sorted(base.items())), neg),
+                         _flat_loss_and_grads(tuple(sorted(flipped.items())), neg), rtol=1e-6, atol=1e-9), field
 
 
+@fast_compile()
 def test_rl_step_raises_logp_of_positive_advantage_rows_and_lowers_negative():
   """The sign of the whole pipeline: one SGD step moves log-probs in the direction of the advantages."""
   c = _cfg()
