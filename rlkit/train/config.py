@@ -71,7 +71,8 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.reward = ml_collections.ConfigDict()   # the reward function and how its host-side code runs
   c.reward.name = "verifier"    # reward function (registry REWARDS): verifier | verifier_format
   c.reward.kwargs = ml_collections.ConfigDict()   # the reward's own parameters
-  c.reward.timeout_s = 30.0     # wall-time limit of one host-side verifier call (0: none, runs inline)
+  c.reward.timeout_s = 30.0     # wall-time limit of the host-side verifier on one row (0: none, runs inline)
+  c.reward.call_timeout_s = 0.0  # limit of one whole batched verifier call; rows left then fail (0: none)
   c.advantage = "group"         # group | batch | none (Dr. GRPO) | rloo
   c.adv_eps = 1e-6              # std epsilon of the group/batch advantage
   c.policy_loss = "ppo_clip"    # ppo_clip | gspo | gspo_token

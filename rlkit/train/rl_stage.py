@@ -77,7 +77,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   step_fn = make_rl_step(ctx.model, tx, cfg, sampling, cfg.micro_batches, cfg.replay_routing)
   step_inputs = default_step_inputs(cfg)
   scorers = _scorers(ctx, cfg, state, sampling)
-  executor = VerifierExecutor(timeout_s=cfg.reward.timeout_s)
+  executor = VerifierExecutor(timeout_s=cfg.reward.timeout_s, call_timeout_s=cfg.reward.call_timeout_s or None)
   reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
   keep = FILTERS.get(cfg.filter)
   augmenter = build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
@@ -181,6 +181,10 @@ def validate(section, name: str) -> None:
        f"must be in [0, max_new_tokens={section.max_new_tokens}]")
   need(section.max_skipped_updates >= 0, "max_skipped_updates", "must be >= 0 (0: never stop)")
   need(section.reward.timeout_s >= 0, "reward", "needs reward.timeout_s >= 0 (0: no limit, for debugging)")
+  need(section.reward.call_timeout_s >= 0, "reward", "needs reward.call_timeout_s >= 0 (0: no cap)")
+  if section.reward.call_timeout_s and not section.reward.timeout_s:
+    raise ConfigError(f"{name}.reward.call_timeout_s={section.reward.call_timeout_s} needs the worker: set "
+                      f"{name}.reward.timeout_s > 0 (0 runs verifiers inline, without limits).")
   rows = section.prompts_per_step * (section.group_size + AUGMENTERS.get(section.augment).extra_rows(section))
   parts = section.minibatches * section.micro_batches
   if rows % parts:

@@ -352,6 +352,8 @@ COVERED_ELSEWHERE = {
     "task.kwargs": "tests/train/test_run.py (as task.name)",
     "reward.timeout_s": "test_hanging_verifier_times_out",
     "max_skipped_updates": "test_max_skipped_updates_stops_the_stage",
+    "reward.call_timeout_s": "test_stage_builds_the_executor_with_both_time_limits; the cap itself: "
+                             "tests/rewards/test_executor.py::test_call_timeout_caps_a_call",
     "replay_routing": "test_stage_passes_replay_routing_to_the_scorer_and_the_step, and its effect on an MoE "
                       "model: tests/train/test_phases.py::test_routing_replay_*",
     **{f"optimizer.{k}": "test_every_optimizer_field_changes_the_updates" for k in optimizer_defaults()
@@ -594,3 +596,26 @@ def test_stage_passes_replay_routing_to_the_scorer_and_the_step():
       run_stage({"replay_routing": replay}, patches=[(rl_stage, "make_rl_step", spy_step),
                                                      (rl_stage, "make_scorer", spy_scorer)])
     assert seen == {"step": replay, "scorer": replay}
+
+
+class _ExecutorBuilt(Exception):
+  pass
+
+
+def test_stage_builds_the_executor_with_both_time_limits(monkeypatch):
+  """The stage hands reward.timeout_s and reward.call_timeout_s to its VerifierExecutor (0: no cap)."""
+  seen = []
+
+  def fake_executor(**kw):
+    seen.append(kw)
+    raise _ExecutorBuilt
+
+  monkeypatch.setattr(rl_stage, "VerifierExecutor", fake_executor)
+  cfg = rl_defaults()
+  ctx = Context(config=base_config(), model=MODEL, tokenizer=TOK, task=TASK, train_source=[], eval_records=[],
+                logger=None, checkpointer=None, key=jax.random.key(0), put_batch=lambda b: b)
+  for timeout, cap, expected in ((2.0, 0.0, None), (2.0, 7.5, 7.5)):
+    cfg.reward.timeout_s, cfg.reward.call_timeout_s = timeout, cap
+    with pytest.raises(_ExecutorBuilt):
+      STAGES.get("rl").run(ctx, cfg, {}, 0, {"stage": "rl", "stage_index": 0, "offset": 0})
+    assert seen[-1] == {"timeout_s": timeout, "call_timeout_s": expected}

@@ -106,7 +106,8 @@ def demonstration_augmenter(cfg, env: AugmentEnv) -> Augmenter:
     finished = np.array([bool(m.any()) and int(r[m.sum() - 1]) in tok.stop_ids for r, m in zip(response, mask)])
     dev = env.put_batch({"response": response, "response_mask": mask, "lengths": lengths, "finished": finished})
     rollout = Rollout(prompt=ro.prompt, prompt_mask=ro.prompt_mask, response=dev["response"],
-                      response_mask=dev["response_mask"], logprobs=jnp.zeros(response.shape, jnp.float32),
+                      response_mask=dev["response_mask"],
+                      logprobs=jnp.zeros_like(dev["response"], jnp.float32),     # not sampled: no behaviour logp
                       lengths=dev["lengths"], finished=dev["finished"], group_ids=ro.group_ids,
                       extras={k: jnp.zeros_like(v) for k, v in ro.extras.items()})
     extra = dataclasses.replace(base, rollout=rollout, row_source=np.full(len(first), ROW_SOURCE["teacher"],

@@ -59,4 +59,5 @@ def collect(model, params, batch: dict, key: jax.Array, sampling: SamplingConfig
   examples = [{"prompt": batch["prompt"][i], "answer": batch["answer"][i],
                "demonstration": batch["demonstration"][i],
                "fields": batch["fields"][i] if "fields" in batch else {}} for i in range(n_prompts)]
-  return Samples(rollout, [examples[i] for i in rep], np.full(len(rep), ROW_SOURCE["policy"], np.int32), np.ones(len(rep), bool))
+  return Samples(rollout, [examples[i] for i in rep], np.full(len(rep), ROW_SOURCE["policy"], np.int32),
+                 np.ones(len(rep), bool))

@@ -7,8 +7,9 @@
                 `rl.score_roles`, stored in `TrainBatch.extras["<role>_logp"]`
 
 All are taken under the sampler's processing (temperature, top-k, top-p), so the mismatch metric
-(`rl_metrics.mismatch`: trainer old_logp vs the sampler's `rollout_logp`, policy rows) measures numerics alone: a mismatch
-well above float rounding means the trainer and the sampler compute different distributions.
+(`rl_metrics.mismatch`: trainer old_logp vs the sampler's `rollout_logp`, policy rows) measures numerics
+alone: a mismatch well above float rounding means the trainer and the sampler compute different
+distributions.
 """
 from __future__ import annotations
 
