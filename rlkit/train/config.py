@@ -87,6 +87,8 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.ppo_epochs = 1              # passes over each iteration's rollouts
   c.minibatches = 1             # optimizer steps per epoch (rollouts split into this many minibatches)
   c.micro_batches = 1           # gradient accumulation slices per minibatch
+  c.correction = "none"         # sampler -> trainer off-policy correction (registry CORRECTIONS): none | tis
+  c.correction_cap = 2.0        # tis: truncation of the token importance ratio pi_old / pi_rollout
   c.filter = "none"             # group filter (registry FILTERS): none | dynamic_sampling (DAPO: drop
                                 # zero-variance groups and sample more prompts to refill)
   c.max_sampling_rounds = 4     # cap on extra sampling rounds of a filter that asks for more

@@ -6,6 +6,7 @@
   augment   rows added to each group from elsewhere (AUGMENTERS; none by default)     phases/augment.py
   advantages per-token advantages from each group's rewards (ADVANTAGES)              phases/advantages.py
   score     old / reference (/ other roles') log-probs by the one scorer               phases/score.py
+            then the off-policy correction's token weights (CORRECTIONS)             objectives/corrections.py
   update    epochs x minibatches of the jitted step, a sum of LOSS_TERMS              phases/update.py
 
 Everything a method changes is a registered component named in the config; this module only wires them.
@@ -20,6 +21,7 @@ import numpy as np
 
 from rlkit.core.types import ROW_SOURCE
 from rlkit.data.pipeline import make_iterator
+from rlkit.objectives.corrections import CORRECTIONS
 from rlkit.optim.optimizers import make_optimizer
 from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rewards import REWARDS, VerifierExecutor, check_reward_kwargs, concat_outputs, take
@@ -80,6 +82,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   executor = VerifierExecutor(timeout_s=cfg.reward.timeout_s, call_timeout_s=cfg.reward.call_timeout_s or None)
   reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
   keep = FILTERS.get(cfg.filter)
+  correct = CORRECTIONS.get(cfg.correction)
   augmenter = build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
   group, prompts = cfg.group_size, cfg.prompts_per_step
   it = make_iterator(ctx.train_source, prompts, ctx.config.seed + 1000 * meta["stage_index"], tok,
@@ -114,6 +117,9 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     batch = score(train_batch(samples, adv, ctx.put_batch),
                   dict(scorers, policy=(scorers["policy"][0], train.params)))
     metrics.update(mismatch(batch))
+    weights, correction_metrics = correct(batch, cfg)
+    batch = batch.replace(token_weights=weights)
+    metrics.update(correction_metrics)
     train, update_metrics, skipped = ppo_updates(step_fn, train, batch, key, cfg.ppo_epochs, cfg.minibatches,
                                                  step_inputs)
     update_s = time.perf_counter() - t1
@@ -155,6 +161,8 @@ def validate(section, name: str) -> None:
   choice(section.aggregation, AGGREGATIONS, f"{name}.aggregation")
   choice(section.kl_estimator, KL_ESTIMATORS, f"{name}.kl_estimator")
   choice(section.filter, FILTERS, f"{name}.filter")
+  choice(section.correction, CORRECTIONS, f"{name}.correction")
+  need(section.correction_cap > 0, "correction_cap", "must be > 0")
   choice(section.augment, AUGMENTERS, f"{name}.augment")
   for term in section.loss_terms.keys():
     choice(term, LOSS_TERMS, f"{name}.loss_terms.{term}")

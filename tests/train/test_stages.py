@@ -156,6 +156,7 @@ class _NoCkpt:
 # RL fields that only the host-side phases and the loop read: two sections that differ only here build the
 # same update step, so `run_stage` reuses the compiled one.
 HOST_ONLY = ("kind", "steps", "prompts_per_step", "group_size", "reward", "advantage", "adv_eps", "filter",
+             "correction", "correction_cap",
              "max_sampling_rounds", "augment", "overlong_cache", "overlong_factor", "eval_every",
              "max_skipped_updates", "ppo_epochs", "minibatches")
 _STEPS: dict = {}
@@ -303,6 +304,8 @@ def one_iteration(**overrides) -> Run:
 # field -> the flip's overrides; CONTEXT[field]: what the flip needs to act (compared against the context run).
 FLIPS = {
     "steps": {"steps": 2},
+    "correction": {"correction": "tis", "correction_cap": 0.5},   # cap < 1: every weight is the cap
+    "correction_cap": {"correction_cap": 0.5},
     "prompts_per_step": {"prompts_per_step": 2},
     "group_size": {"group_size": 2},
     "max_new_tokens": {"max_new_tokens": 2},
@@ -336,6 +339,7 @@ FLIPS = {
     "score_roles": {"score_roles": ("teacher",)},
 }
 CONTEXT = {
+    "correction_cap": {"correction": "tis"},
     # Dual clip caps the loss of negative-advantage tokens whose ratio rose above it; the nll term makes the
     # first epoch raise every sampled token, so the second epoch has such tokens.
     "dual_clip": {"loss_terms": {"test_stages_nll": 0.5}},
@@ -619,3 +623,13 @@ def test_stage_builds_the_executor_with_both_time_limits(monkeypatch):
     with pytest.raises(_ExecutorBuilt):
       STAGES.get("rl").run(ctx, cfg, {}, 0, {"stage": "rl", "stage_index": 0, "offset": 0})
     assert seen[-1] == {"timeout_s": timeout, "call_timeout_s": expected}
+
+
+def test_tis_correction_weights_reach_the_update():
+  run = one_iteration(correction="tis", correction_cap=1.5)
+  b = run.batches[0]
+  mask = np.asarray(b.loss_mask)
+  ratio = np.exp(np.asarray(b.old_logp) - np.asarray(b.rollout_logp))
+  np.testing.assert_allclose(np.asarray(b.token_weights)[mask], np.minimum(ratio, 1.5)[mask], rtol=1e-6)
+  assert (np.asarray(b.token_weights)[~mask] == 0).all()
+  assert 0.99 < run.metrics["correction/ess_frac"] <= 1.0 + 1e-6     # on-policy: ratios are 1 up to rounding
