@@ -5,7 +5,6 @@ Stage-level checks of the same contracts (one whole iteration each) are in tests
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 
@@ -27,6 +26,7 @@ from rlkit.train.phases.advantages import token_advantages
 from rlkit.train.phases.collect import collect
 from rlkit.train.phases.score import score, train_batch
 from rlkit.train.steps import default_step_inputs, make_rl_loss, rl_counts
+from tests.fast_compile import fast_compile as _fast_compile
 
 TOK = CharTokenizer()
 TASK = make_task("arithmetic", ops="+", min_digits=1, max_digits=2)
@@ -42,17 +42,6 @@ NUCLEUS = SamplingConfig(max_new_tokens=R, temperature=0.7, top_p=0.5, stop_ids=
 
 def _put(batch):
   return batch
-
-
-@contextlib.contextmanager
-def _fast_compile():
-  """XLA without most optimisation passes (compiling is most of these tests' cost); restored at once."""
-  old = jax.config.values["jax_disable_most_optimizations"]
-  jax.config.update("jax_disable_most_optimizations", True)
-  try:
-    yield
-  finally:
-    jax.config.update("jax_disable_most_optimizations", old)
 
 
 @functools.lru_cache(maxsize=1)
