@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import sys
 from typing import Any, NamedTuple
 
 import jax
@@ -633,3 +634,18 @@ def test_tis_correction_weights_reach_the_update():
   np.testing.assert_allclose(np.asarray(b.token_weights)[mask], np.minimum(ratio, 1.5)[mask], rtol=1e-6)
   assert (np.asarray(b.token_weights)[~mask] == 0).all()
   assert 0.99 < run.metrics["correction/ess_frac"] <= 1.0 + 1e-6     # on-policy: ratios are 1 up to rounding
+
+
+def test_kl_reference_is_the_initial_policy_unless_a_reference_role_is_declared(monkeypatch):
+  """Without `models.reference` the KL reference is the stage's initial policy (at the first iteration its
+  log-probs are the old ones); with it, the declared model's, scored by the same scorer."""
+  from rlkit.rollout.scoring import make_scorer
+  default = one_iteration(kl_beta=0.5).batches[0]
+  np.testing.assert_array_equal(np.asarray(default.ref_logp), np.asarray(default.old_logp))
+  teacher = _roles()["teacher"]
+  monkeypatch.setattr(sys.modules[__name__], "_roles", lambda: {"reference": teacher})
+  batch = run_stage({"kl_beta": 0.5}).batches[0]
+  with _fast_compile():
+    want = make_scorer(MODEL, rl_stage.sampling_config(_config({}), TOK))(teacher.params, batch)
+  np.testing.assert_allclose(np.asarray(batch.ref_logp), want, rtol=1e-5, atol=1e-6)
+  assert np.abs(np.asarray(batch.ref_logp) - np.asarray(batch.old_logp))[np.asarray(batch.loss_mask)].mean() > 0.1
