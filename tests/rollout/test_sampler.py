@@ -29,12 +29,15 @@ def test_greedy_equals_stepwise_argmax_of_full_forward(dense):
   model, params = dense
   prompt, mask = _prompts()
   out = generate(model, params, prompt, mask, jax.random.key(0), SamplingConfig(max_new_tokens=7, greedy=True))
-  tokens, m = prompt, mask
-  for _ in range(7):
-    nxt = jnp.argmax(model.apply({"params": params}, tokens, attention_mask=m)[:, -1], -1)
-    tokens = jnp.concatenate([tokens, nxt[:, None]], 1)
-    m = jnp.concatenate([m, jnp.ones((4, 1), bool)], 1)
-  np.testing.assert_array_equal(out.response, tokens[:, prompt.shape[1]:])
+  # Full forwards over a fixed-length buffer (one compile): causal attention keeps the not-yet-written slots
+  # out of every earlier position's logits, and positions come from the mask.
+  p = prompt.shape[1]
+  tokens, m = jnp.pad(prompt, ((0, 0), (0, 7))), jnp.pad(mask, ((0, 0), (0, 7)))
+  forward = jax.jit(lambda t, a: model.apply({"params": params}, t, attention_mask=a))
+  for i in range(7):
+    nxt = jnp.argmax(forward(tokens, m)[:, p + i - 1], -1)
+    tokens, m = tokens.at[:, p + i].set(nxt), m.at[:, p + i].set(True)
+  np.testing.assert_array_equal(out.response, tokens[:, p:])
 
 
 @pytest.mark.parametrize("cfg", [

@@ -6,6 +6,7 @@ from configs.grpo_arith import get_config
 from rlkit.train.metrics import read_metrics, without_timings
 from rlkit.train.run import run
 from rlkit.train.stages import LOSS_EMA_DECAY
+from tests.fast_compile import fast_compile
 
 STEPS = 8
 
@@ -23,6 +24,7 @@ def _train_rows(rows, stage):
   return [r for r in rows if r["stage"] == stage and "loss" in r]
 
 
+@fast_compile()   # four short runs, mostly compiling; what they compare does not depend on XLA's fusions
 def test_stop_at_loss_ends_sft_early_and_resumes_into_the_next_stage(tmp_path):
   run(_config(("sft",), 0.0), str(tmp_path / "full"))
   losses = [r["loss"] for r in _train_rows(read_metrics(str(tmp_path / "full" / "metrics.jsonl")), "sft")]
