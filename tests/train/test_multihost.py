@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG = os.path.join(ROOT, "configs", "grpo_arith.py") + ":test"
 # Rewards with variance (the format bonus), a KL reference and two minibatches: every phase does real work.
 OVERRIDES = ("--config.rl.reward.name=verifier_format", "--config.rl.kl_beta=0.1", "--config.rl.minibatches=2",
-             "--config.rl.steps=3")
+             "--config.rl.steps=2", "--config.sft.steps=2")
 
 
 def _free_port() -> int:
