@@ -9,6 +9,7 @@ process (and the metrics process 0 writes) sees the global value.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -70,7 +71,6 @@ def take_rows(tree, rows: np.ndarray, num_local: int):
 def concat_rows(trees: list, num_local: list[int]):
   """Concatenation along rows of global pytrees, each process's parts in its own block (one process:
   `jnp.concatenate`)."""
-  import jax.numpy as jnp
   joined = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *trees)
   if jax.process_count() == 1:
     return joined

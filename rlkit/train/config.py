@@ -219,16 +219,23 @@ def stage_config(config: ml_collections.ConfigDict, name: str) -> ml_collections
   return c
 
 
+def task_kwargs(config) -> dict:
+  """The task's constructor arguments: `task.kwargs`, plus the training file for the `jsonl` task (which
+  serves the rows of `data.train_jsonl`)."""
+  kwargs = dict(config.task.kwargs)
+  if config.task.name == "jsonl":
+    kwargs["path"] = config.data.train_jsonl
+  return kwargs
+
+
 def _check_task(config, where: str = "task") -> None:
   """The task is built from task.name and task.kwargs now, so a bad parameter fails before any work."""
   from rlkit.data.tasks import TASKS, make_task
   choice(config.task.name, TASKS, f"{where}.name")
-  kwargs = dict(config.task.kwargs)
-  if config.task.name == "jsonl":
-    if not config.data.train_jsonl:
-      raise ConfigError(f"{where}.name='jsonl' needs a file: data.train_jsonl (and data.test_jsonl for "
-                        "evaluation), or for a stage's own task, its task.kwargs.path.")
-    kwargs["path"] = config.data.train_jsonl
+  kwargs = task_kwargs(config)
+  if "path" in kwargs and not kwargs["path"]:
+    raise ConfigError(f"{where}.name={config.task.name!r} needs a file: data.train_jsonl (and data.test_jsonl "
+                      "for evaluation), or for a stage's own task, its task.kwargs.path.")
   try:
     make_task(config.task.name, **kwargs)
   except (ValueError, TypeError, FileNotFoundError) as e:

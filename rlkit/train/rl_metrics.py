@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 
 from rlkit.core.types import ROW_SOURCE
@@ -61,7 +62,6 @@ MAX_FAILURE_JSON = 4096   # bytes of one process's failure counts, gathered as a
 def failures(counts: dict[str, int]) -> dict[str, int]:
   """`reward_failures` (total) and `reward_failures/<kind>`, summed over processes."""
   merged = dict(counts)
-  import jax
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     raw = json.dumps(counts).encode()[:MAX_FAILURE_JSON]

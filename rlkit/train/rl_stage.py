@@ -79,11 +79,8 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   step_fn = make_rl_step(ctx.model, tx, cfg, sampling, cfg.micro_batches, cfg.replay_routing)
   step_inputs = default_step_inputs(cfg)
   scorers = _scorers(ctx, cfg, state, sampling)
-  executor = VerifierExecutor(timeout_s=cfg.reward.timeout_s, call_timeout_s=cfg.reward.call_timeout_s or None)
-  reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
   keep = FILTERS.get(cfg.filter)
   correct = CORRECTIONS.get(cfg.correction)
-  augmenter = build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
   group, prompts = cfg.group_size, cfg.prompts_per_step
   it = make_iterator(ctx.train_source, prompts, ctx.config.seed + 1000 * meta["stage_index"], tok,
                      ctx.config.data.max_prompt_len, process_index=jax.process_index(),
@@ -135,7 +132,10 @@ def _run(ctx, cfg, state, start: int, meta: dict):
       metrics["rows/teacher"] = int(teacher)
     return dict(state, train=train), metrics, skipped
 
-  try:
+  executor = VerifierExecutor(timeout_s=cfg.reward.timeout_s, call_timeout_s=cfg.reward.call_timeout_s or None)
+  try:                       # the worker process is stopped however the stage ends
+    reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
+    augmenter = build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
     return loop(ctx, cfg, state, start, meta, it, iteration, ("reward", "accuracy", "mismatch/mean"))
   finally:
     executor.close()

@@ -25,17 +25,14 @@ from rlkit.data.tfds_builders import prepare, prepare_jsonl
 from rlkit.parallel.mesh import mesh_from_config
 from rlkit.parallel.rules import shard_batch
 from rlkit.train.checkpoint import Checkpointer
-from rlkit.train.config import stage_config
+from rlkit.train.config import stage_config, task_kwargs
 from rlkit.train.metrics import MetricsLogger, plot_metrics
 from rlkit.train.models import build_model, build_models, model_spec, tokenizer_from_spec
 from rlkit.train.stages import STAGES, Context
 
 
 def build_task(config):
-  kwargs = dict(config.task.kwargs)
-  if config.task.name == "jsonl":
-    kwargs["path"] = config.data.train_jsonl
-  return make_task(config.task.name, **kwargs)
+  return make_task(config.task.name, **task_kwargs(config))
 
 
 def build_data(config, workdir: str) -> dict:

@@ -172,18 +172,25 @@ def rl_counts(batch: TrainBatch) -> dict:
   return {"num_tokens": jnp.maximum(mask.sum(), 1), "num_seqs": mask.any(axis=-1).sum()}
 
 
+def term_weights(cfg) -> dict[str, float]:
+  """The stage's loss terms and their config weights: policy always, kl if kl_beta > 0, entropy if
+  entropy_coef != 0, then `cfg.loss_terms` (extra registered terms)."""
+  weights = {"policy": 1.0}
+  if cfg.kl_beta > 0:
+    weights["kl"] = cfg.kl_beta
+  if cfg.entropy_coef:
+    weights["entropy"] = cfg.entropy_coef
+  return {**weights, **dict(cfg.loss_terms)}
+
+
 def build_terms(cfg) -> dict[str, Callable]:
-  """The stage's loss terms by name: policy always, kl if kl_beta > 0, entropy if entropy_coef != 0, then
-  `cfg.loss_terms` (extra registered terms with their weights)."""
-  names = ["policy"] + (["kl"] if cfg.kl_beta > 0 else []) + (["entropy"] if cfg.entropy_coef else [])
-  names += list(cfg.loss_terms.keys())
-  return {name: LOSS_TERMS.get(name)(cfg) for name in names}
+  """The stage's loss terms by name (see `term_weights`)."""
+  return {name: LOSS_TERMS.get(name)(cfg) for name in term_weights(cfg)}
 
 
 def default_step_inputs(cfg) -> dict[str, float]:
   """Each term's weight, as the traced scalars `weight/<term>` the step reads."""
-  weights = {"policy": 1.0, "kl": cfg.kl_beta, "entropy": cfg.entropy_coef, **dict(cfg.loss_terms)}
-  return {f"weight/{k}": jnp.float32(v) for k, v in weights.items() if k in build_terms(cfg)}
+  return {f"weight/{k}": jnp.float32(v) for k, v in term_weights(cfg).items()}
 
 
 def make_rl_loss(model: Transformer, cfg, sampling: SamplingConfig, replay_routing: bool = False):

@@ -617,8 +617,10 @@ def test_stage_builds_the_executor_with_both_time_limits(monkeypatch):
 
   monkeypatch.setattr(rl_stage, "VerifierExecutor", fake_executor)
   cfg = rl_defaults()
-  ctx = Context(config=base_config(), model=MODEL, tokenizer=TOK, task=TASK, train_source=[], eval_records=[],
-                logger=None, checkpointer=None, key=jax.random.key(0), put_batch=lambda b: b)
+  rng = np.random.default_rng(0)
+  source = [TASK.make_example(rng) for _ in range(cfg.prompts_per_step)]
+  ctx = Context(config=base_config(), model=MODEL, tokenizer=TOK, task=TASK, train_source=source,
+                eval_records=[], logger=None, checkpointer=None, key=jax.random.key(0), put_batch=lambda b: b)
   for timeout, cap, expected in ((2.0, 0.0, None), (2.0, 7.5, 7.5)):
     cfg.reward.timeout_s, cfg.reward.call_timeout_s = timeout, cap
     with pytest.raises(_ExecutorBuilt):
