@@ -18,11 +18,13 @@ only `state["train"].params`, by an Orbax partial restore (see its docstring).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from rlkit.parallel.rules import path_str
 
@@ -30,7 +32,9 @@ STATE, META, MODEL = "state", "meta", "model"   # item names inside a step folde
 
 
 class Checkpointer:
-  """Saves every `every` steps (and when forced), keeps the newest `max_to_keep`.
+  """Saves every `every` steps (and when forced), keeps the newest `max_to_keep` and, whatever that is, the
+  last checkpoint of every stage (the one whose metadata says `done`), so a finished SFT stage can still
+  start another run (`model.path=WORKDIR/checkpoints/<step>`) after RL has rotated newer ones out.
 
   `model_spec` (a JSON dict), when given, is written into every checkpoint as the `model` item.
   """
@@ -39,12 +43,20 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self.every = every
     self.model_spec = model_spec
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=False)
+    self._final_steps: set[int] = set()   # read by the preservation policy at every save
+    policy = preservation_policy.AnyPreservationPolicy(
+        [preservation_policy.LatestN(max_to_keep), _KeepSteps(self._final_steps)])
+    options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False,
+                                           preservation_policy=policy)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    # Orbax does not persist which steps a policy chose to keep, so they are found again from the metadata.
+    self._final_steps.update(s for s in self._manager.all_steps() if self.restore_meta(s).get("done"))
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
 
   def should_save(self, step: int) -> bool:
     return self.every > 0 and step % self.every == 0
@@ -55,6 +67,8 @@ class Checkpointer:
     items = {STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}
     if self.model_spec is not None:
       items[MODEL] = ocp.args.JsonSave(self.model_spec)
+    if meta.get("done"):
+      self._final_steps.add(step)
     self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     self._manager.wait_until_finished()
 
@@ -72,6 +86,16 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+@dataclasses.dataclass
+class _KeepSteps(preservation_policy.PreservationPolicy):
+  """Preserves the checkpoints whose step is in `steps` (a set the Checkpointer keeps up to date)."""
+  steps: set
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:
+    del context
+    return [c.step in self.steps for c in checkpoints]
 
 
 # ------------------------------------------------------------------------------------------- reading

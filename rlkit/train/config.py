@@ -136,7 +136,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.max_new_tokens = 8     # response budget at evaluation
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 50       # save every N global steps (and at the end of every stage)
-  c.checkpoint.max_to_keep = 2  # newest checkpoints kept
+  c.checkpoint.max_to_keep = 2  # newest checkpoints kept (the last one of every stage is kept besides)
   c.wandb = ml_collections.ConfigDict()
   c.wandb.mode = "offline"      # disabled | offline | online
   c.wandb.project = "rlkit"     # wandb project name

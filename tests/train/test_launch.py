@@ -106,3 +106,19 @@ def test_half_written_checkpoint_never_replaces_the_good_one(tmp_path):
   state, meta = again.restore(2, {"w": np.zeros(4)})
   np.testing.assert_array_equal(state["w"], np.arange(4.0))
   assert meta["stage_step"] == 2
+
+
+def test_the_last_checkpoint_of_each_stage_survives_max_to_keep(tmp_path):
+  import numpy as np
+  ckpt = Checkpointer(str(tmp_path / "ckpt"), every=1, max_to_keep=2)
+  for step in range(1, 6):                     # stage one ends at step 3
+    ckpt.save(step, {"w": np.full(2, float(step))}, {"stage_step": step, "done": step == 3})
+  assert ckpt.all_steps() == [3, 4, 5]
+  ckpt.close()
+  again = Checkpointer(str(tmp_path / "ckpt"), every=1, max_to_keep=2)   # the kept set is found on reopening
+  for step in range(6, 9):
+    again.save(step, {"w": np.full(2, float(step))}, {"stage_step": step, "done": False})
+  assert again.all_steps() == [3, 7, 8]
+  state, meta = again.restore(3, {"w": np.zeros(2)})
+  np.testing.assert_array_equal(state["w"], [3.0, 3.0])
+  assert meta["done"]
