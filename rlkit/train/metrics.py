@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from rlkit.train.plot import plot_metrics  # noqa: F401  (re-exported: run.py imports it from here)
+
 # Wall-clock fields differ between two runs of the same config; everything else must not.
 TIMING_KEYS = ("time", "tokens_per_s", "sample_s", "update_s", "step_s", "gen_tokens_per_s")
 
@@ -97,6 +99,15 @@ class MetricsLogger:
     if self._bar is not None:
       self._bar.update(n)
 
+  def say(self, text: str) -> None:
+    """One console line (process 0 only), printed above the progress bar when one is drawn."""
+    if not self._enabled:
+      return
+    if self._bar is not None:
+      self._bar.write(text)
+    else:
+      print(text, flush=True)
+
   def close_bar(self) -> None:
     if self._bar is not None:
       self._bar.close()
@@ -115,39 +126,3 @@ def _run_id(workdir: str) -> str:
   """A stable wandb run id per workdir, so a resumed run continues the same wandb run."""
   import hashlib
   return hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
-
-
-PLOT_KEYS = ("reward", "accuracy", "loss", "eval/accuracy", "kl", "entropy", "mismatch/mean", "response_len")
-
-
-def plot_metrics(path: str, out_png: str) -> Optional[str]:
-  """One panel per main curve, x = global step, colored by stage. Returns the PNG path (None if no rows)."""
-  rows = read_metrics(path)
-  if not rows:
-    return None
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  keys = [k for k in PLOT_KEYS if any(isinstance(r.get(k), (int, float)) for r in rows)]
-  if not keys:
-    return None
-  cols = min(3, len(keys))
-  nrows = math.ceil(len(keys) / cols)
-  fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.2 * nrows), squeeze=False)
-  stages = list(dict.fromkeys(r["stage"] for r in rows))
-  for ax, key in zip(axes.flat, keys):
-    for stage in stages:
-      pts = [(r["step"], r[key]) for r in rows if r["stage"] == stage and isinstance(r.get(key), (int, float))]
-      if pts:
-        x, y = zip(*pts)
-        ax.plot(x, y, marker="o" if key.startswith("eval/") else None, ms=3, label=stage)
-    ax.set_title(key)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-  for ax in list(axes.flat)[len(keys):]:
-    ax.axis("off")
-  axes.flat[0].legend()
-  fig.tight_layout()
-  fig.savefig(out_png, dpi=100)
-  plt.close(fig)
-  return out_png
