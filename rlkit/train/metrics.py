@@ -13,7 +13,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from rlkit.train.plot import plot_metrics  # noqa: F401  (re-exported: run.py imports it from here)
 
 # Wall-clock fields differ between two runs of the same config; everything else must not.
 TIMING_KEYS = ("time", "tokens_per_s", "sample_s", "update_s", "step_s", "gen_tokens_per_s")

@@ -13,6 +13,8 @@ import math
 import os
 from typing import Optional
 
+from rlkit.train.metrics import read_metrics
+
 # In plot order; keys no row logs are skipped. `eval/pass@k` panels (whatever k the run used) follow
 # eval/accuracy.
 PLOT_KEYS = ("loss", "reward", "accuracy", "eval/accuracy", "kl", "approx_kl", "entropy", "mismatch/mean",
@@ -137,7 +139,6 @@ def make_figure(rows: list[dict], title: str = ""):
 def plot_metrics(path: str, out_png: str) -> Optional[str]:
   """Plots the metrics.jsonl at `path` into `out_png`, titled with the workdir's name. Returns the PNG path,
   or None if there are no rows (or none with a plotted key)."""
-  from rlkit.train.metrics import read_metrics   # here: metrics.py re-exports plot_metrics from this module
   rows = read_metrics(path)
   fig = make_figure(rows, os.path.basename(os.path.dirname(os.path.abspath(path)))) if rows else None
   if fig is None:
