@@ -7,9 +7,18 @@ typo is caught by validation before any work starts.
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import difflib
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+
+
+def closest_first(name: str, choices: Iterable[str]) -> list[str]:
+  """`choices` sorted for an error message: the close matches of `name` first (best first), then the rest
+  alphabetically, so a typo's fix is the first name the user reads."""
+  choices = sorted(set(choices))
+  close = difflib.get_close_matches(str(name), choices, n=len(choices), cutoff=0.6)
+  return close + [c for c in choices if c not in close]
 
 
 class Registry(Generic[T]):
@@ -46,7 +55,8 @@ class Registry(Generic[T]):
       return self._entries[name]
     except KeyError:
       raise KeyError(
-          f"Unknown {self.kind} {name!r}. Valid {self.kind} names: {', '.join(sorted(self._entries))}."
+          f"Unknown {self.kind} {name!r}. Valid {self.kind} names: "
+          f"{', '.join(closest_first(name, self._entries))}."
       ) from None
 
   def check(self, name: str, key: str = "") -> None:
@@ -54,7 +64,8 @@ class Registry(Generic[T]):
     if name not in self._entries:
       where = f"{key}=" if key else ""
       raise ValueError(
-          f"{where}{name!r} is not a known {self.kind}; choose one of: {', '.join(sorted(self._entries))}.")
+          f"{where}{name!r} is not a known {self.kind}; choose one of: "
+          f"{', '.join(closest_first(name, self._entries))}.")
 
   def names(self) -> list[str]:
     return sorted(self._entries)

@@ -49,7 +49,9 @@ def as_field_names(value: Any, where: str) -> tuple[str, ...]:
 def _parse_line(line: str, required_fields: tuple[str, ...]) -> tuple[Optional[dict], Optional[str]]:
   """Returns (row, None) or (None, the problem)."""
   try:
-    obj = json.loads(line)
+    # Without its line ending: an error at the end of the line (a missing '}') would otherwise be reported
+    # past the newline, as "column 1" of a line that does not exist.
+    obj = json.loads(line.rstrip("\r\n"))
   except json.JSONDecodeError as e:
     return None, f"invalid JSON ({e.msg} at column {e.colno})"
   if not isinstance(obj, dict):

@@ -115,6 +115,17 @@ def sft_batch(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, max_le
           **_object_columns(records)}
 
 
+def token_lengths(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer,
+                  add_bos: Optional[bool] = None) -> tuple[list[int], list[int]]:
+  """(prompt tokens, SFT sequence tokens) of each record, counted exactly as `prompt_batch` and `sft_batch`
+  lay them out, so a limit checked against these never fails inside a batch."""
+  records = [decode_record(r) for r in records]
+  bos = _resolve_bos(tokenizer, add_bos)
+  prompts = [len(ids) for ids in tokenizer.encode_batch([r["prompt"] for r in records], add_bos=bos)]
+  completions = tokenizer.encode_batch([completion_text(r) for r in records], add_eos=True)
+  return prompts, [p + len(c) for p, c in zip(prompts, completions)]
+
+
 def _read_rows(indices: Sequence[int], source: Any, rows: slice, collate: Callable) -> dict[str, np.ndarray]:
   """Reads only this process's rows of a global index batch, and collates them."""
   return collate([source[int(i)] for i in indices[rows]])

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 
 from rlkit.data.jsonl import as_field_names, load_jsonl
 from rlkit.data.tasks import RESERVED_FIELDS, Task, make_task
@@ -118,6 +119,14 @@ class TaskDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     # only for Python < 3.9, so on 3.11 it raised ModuleNotFoundError during download_and_prepare.
     return None
 
+  # tfds announces a download ("Downloading and preparing dataset Unknown size ...") and draws progress bars;
+  # nothing is downloaded here, so one line says what is written, and the bars are off (`_build`).
+  def _log_download_bytes(self) -> None:
+    print(f"data: writing {self.builder_config.name} to {self.data_dir}", flush=True)
+
+  def _log_download_done(self) -> None:
+    pass
+
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
         features=tfds.features.FeaturesDict({
@@ -149,8 +158,14 @@ class TaskDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 def _build(prefix: str, spec: dict, data_dir: str, paths: Optional[dict] = None) -> dict[str, Any]:
   config = TaskDatasetConfig(name=config_name(prefix, spec), description=json.dumps(spec, sort_keys=True),
                              spec=spec, paths=dict(paths or {}))
-  builder = TaskDataset(config=config, data_dir=os.fspath(data_dir), file_format=FILE_FORMAT)
-  builder.download_and_prepare()   # no-op when this config's files already exist
+  tfds.disable_progress_bar()
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)   # tfds warns "Using custom data configuration" for every build
+  try:
+    builder = TaskDataset(config=config, data_dir=os.fspath(data_dir), file_format=FILE_FORMAT)
+    builder.download_and_prepare()   # no-op when this config's files already exist
+  finally:
+    logging.set_verbosity(verbosity)
   return dict(builder.as_data_source())
 
 

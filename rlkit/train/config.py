@@ -8,10 +8,11 @@ what is wrong, and the valid choices.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional
 
 import ml_collections
 
+from rlkit.core.registry import closest_first
 from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES, optimizer_defaults
 
 
@@ -44,7 +45,7 @@ def sft_defaults() -> ml_collections.ConfigDict:
   c.steps = 100                 # optimizer steps
   c.batch_size = 32             # sequences per step
   c.micro_batches = 1           # gradient accumulation slices per step
-  c.max_len = 32                # tokens per SFT sequence (prompt + completion), padded
+  c.max_len = 32                # tokens per SFT sequence (prompt + completion + EOS), padded (0: the data's longest)
   c.eval_every = 0              # evaluate every N steps (0: only at the end of the stage)
   c.stop_at_loss = 0.0          # end the stage early once the moving average of the loss is below this (0: off)
   c.task = ml_collections.ConfigDict()   # this stage's own task (and data), overriding the run's `task`
@@ -110,7 +111,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.stages = ("sft", "rl")      # stage section names, run in order; each section's `kind` says what it is
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.kind = "char"     # char | hf
-  c.tokenizer.path = ""         # tokenizer.json or its folder (hf)
+  c.tokenizer.path = ""         # tokenizer.json or its folder (hf; "" = the model.path folder's)
   c.task = ml_collections.ConfigDict()
   c.task.name = "arithmetic"    # task registry name: arithmetic | countdown | jsonl
   c.task.kwargs = ml_collections.ConfigDict()   # the task's own parameters (e.g. ops, max_digits)
@@ -120,7 +121,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.train_jsonl = ""       # user data: a JSONL file of {"prompt", "answer"} rows (task.name = jsonl)
   c.data.test_jsonl = ""        # held-out JSONL file (task.name = jsonl)
   c.data.dir = ""               # where the array_record files go ("" = WORKDIR/data)
-  c.data.max_prompt_len = 16    # prompt tokens (left-padded)
+  c.data.max_prompt_len = 16    # prompt tokens, left-padded (0: the data's longest prompt)
   c.model = model_defaults()
   c.models = ml_collections.ConfigDict()   # more models by role (reference, teacher, ...): role -> model section
   c.mesh = ml_collections.ConfigDict()
@@ -155,7 +156,8 @@ def _check_section(section: Any, defaults: ml_collections.ConfigDict, where: str
     raise ConfigError(f"{where} must be a section (ConfigDict), got {type(section).__name__}.")
   for key in section.keys():
     if key not in defaults:
-      raise ConfigError(f"Unknown config key {where}.{key}. Valid keys of {where}: {', '.join(sorted(defaults))}.")
+      raise ConfigError(f"Unknown config key {where}.{key}. Valid keys of {where}: "
+                        f"{', '.join(closest_first(key, defaults.keys()))}.")
   for key, default in defaults.items():
     if key not in section:
       raise ConfigError(f"Missing config key {where}.{key} (default {default!r}); build configs from "
@@ -228,6 +230,17 @@ def task_kwargs(config) -> dict:
   return kwargs
 
 
+def data_files(config) -> Optional[dict[str, str]]:
+  """{split: JSONL path} when the task serves files (`jsonl`: data.train_jsonl, and data.test_jsonl when
+  set), else None: a synthetic task generates its splits."""
+  if config.task.name != "jsonl":
+    return None
+  files = {"train": config.data.train_jsonl}
+  if config.data.test_jsonl:
+    files["test"] = config.data.test_jsonl
+  return files
+
+
 def _check_task(config, where: str = "task") -> None:
   """The task is built from task.name and task.kwargs now, so a bad parameter fails before any work."""
   from rlkit.data.tasks import TASKS, make_task
@@ -246,6 +259,26 @@ def _check_path(path: str, key: str) -> None:
   if path and not os.path.exists(path):
     raise ConfigError(f"{key}={path!r} does not exist; give a Hugging Face folder, an rlkit workdir or an "
                       "rlkit checkpoint directory (or leave it empty to build the model from the fields).")
+
+
+def _check_tokenizer(config) -> None:
+  """The tokenizer loads, and a Hugging Face model gets its own tokenizer (a char tokenizer would run, with
+  ids that mean nothing to it)."""
+  from rlkit.train.models import resolve_source, run_tokenizer
+  _check_path(config.model.path, "model.path")
+  hf_model = bool(config.model.path) and resolve_source(config.model.path)[0] == "hf"
+  if hf_model and config.tokenizer.kind != "hf":
+    raise ConfigError(f"model.path={config.model.path!r} is a Hugging Face folder, but tokenizer.kind="
+                      f"{config.tokenizer.kind!r}: the model needs its own tokenizer. Add "
+                      "--config.tokenizer.kind=hf (tokenizer.path defaults to the model.path folder).")
+  if config.tokenizer.kind == "hf" and not (config.tokenizer.path or config.model.path):
+    raise ConfigError("tokenizer.kind='hf' needs tokenizer.path (a tokenizer.json or its folder), or "
+                      "model.path set to a Hugging Face folder that has one.")
+  try:
+    run_tokenizer(config)
+  except (FileNotFoundError, ValueError) as e:
+    raise ConfigError(f"tokenizer ({config.tokenizer.kind}, path {config.tokenizer.path or config.model.path!r})"
+                      f": {e}") from None
 
 
 def _check_models(config) -> None:
@@ -281,8 +314,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     section = config[key]
     is_stage = isinstance(section, ml_collections.ConfigDict) and "kind" in section
     if key not in base and not is_stage:
-      raise ConfigError(f"Unknown config key {key}. Valid top-level keys: {', '.join(sorted(base))}, plus stage "
-                        f"sections (sections with a `kind`; config.stages runs {', '.join(stages)}).")
+      raise ConfigError(f"Unknown config key {key}. Valid top-level keys: {', '.join(closest_first(key, base))}, "
+                        f"plus stage sections (sections with a `kind`; config.stages runs {', '.join(stages)}).")
   for key in base.keys():
     if key == "stages":
       continue
@@ -315,14 +348,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
   needs = {need for name in stages for need in kinds[name].needs}
   if "tokenizer" in needs:
     choice(config.tokenizer.kind, TOKENIZERS, "tokenizer.kind")
+    _check_tokenizer(config)
   if "task" in needs:
     _check_task(config)
     for name in stages:
       if stage_config(config, name) is not config:
         _check_task(stage_config(config, name), f"{name}.task")
   if "data" in needs:
-    _positive(config, ("data.num_train", "data.max_prompt_len"))
-    _positive(config, ("data.num_test",), 0)
+    _positive(config, ("data.num_train",))
+    _positive(config, ("data.num_test", "data.max_prompt_len"), 0)
   if "model" in needs:
     for dt_key in ("param_dtype", "dtype"):
       if config.model[dt_key] not in ("float32", "bfloat16"):

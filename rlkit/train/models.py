@@ -89,6 +89,27 @@ def tokenizer_from_spec(spec: Mapping[str, str]) -> Tokenizer:
   return make_tokenizer(spec["kind"], **kw)
 
 
+def tokenizer_spec(config) -> dict[str, str]:
+  """The run's tokenizer `{"kind", "path"}`: `config.tokenizer`; an `hf` one without a path takes the
+  tokenizer of `model.path` (the Hugging Face folder's, or the one an rlkit checkpoint names)."""
+  spec = {"kind": config.tokenizer.kind, "path": config.tokenizer.path}
+  if spec["kind"] == "hf" and not spec["path"] and config.model.path:
+    kind, folder, step = resolve_source(config.model.path)
+    if kind == "hf":
+      spec["path"] = folder
+    else:
+      reader = ckpt.CheckpointReader(folder)
+      try:
+        spec = dict(reader.model_spec(reader.latest_step() if step is None else step)["tokenizer"])
+      finally:
+        reader.close()
+  return spec
+
+
+def run_tokenizer(config) -> Tokenizer:
+  return tokenizer_from_spec(tokenizer_spec(config))
+
+
 def _config_from_spec(spec: dict, where: str) -> TransformerConfig:
   raw = dict(spec.get("transformer") or {})
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
@@ -105,7 +126,7 @@ def _config_from_spec(spec: dict, where: str) -> TransformerConfig:
 
 # ------------------------------------------------------------------------------------------ loading
 
-def _resolve(path: str) -> tuple[str, str, Optional[int]]:
+def resolve_source(path: str) -> tuple[str, str, Optional[int]]:
   """("hf", folder, None) or ("checkpoint", checkpoints folder, step) for a model path, or a clear error."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"Model path {path} does not exist; expected {_SOURCES}.")
@@ -183,7 +204,7 @@ def load_model(path: str, *, dtype: Optional[str] = None, param_dtype: Optional[
   Hugging Face folder without tokenizer.json.
   """
   path = os.fspath(path)
-  kind, folder, step = _resolve(path)
+  kind, folder, step = resolve_source(path)
   if kind == "checkpoint":
     return _load_checkpoint(folder, step, dtype, param_dtype, attention, mesh)
   from rlkit.models import hf   # local: only HF users pay for safetensors

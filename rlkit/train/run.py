@@ -25,10 +25,12 @@ from rlkit.data.tfds_builders import prepare, prepare_jsonl
 from rlkit.parallel.mesh import mesh_from_config
 from rlkit.parallel.rules import shard_batch
 from rlkit.train.checkpoint import Checkpointer
-from rlkit.train.config import stage_config, task_kwargs
-from rlkit.train.metrics import MetricsLogger, plot_metrics
-from rlkit.train.models import build_model, build_models, model_spec, tokenizer_from_spec
-from rlkit.train.stages import STAGES, Context
+from rlkit.train.config import data_files, stage_config, task_kwargs
+from rlkit.train.lengths import resolve_lengths
+from rlkit.train.metrics import MetricsLogger
+from rlkit.train.plot import plot_metrics
+from rlkit.train.models import build_model, build_models, model_spec, run_tokenizer, tokenizer_spec
+from rlkit.train.stages import STAGES, Context, is_headline
 
 
 def build_task(config):
@@ -37,11 +39,9 @@ def build_task(config):
 
 def build_data(config, workdir: str) -> dict:
   data_dir = config.data.dir or os.path.join(workdir, "data")
-  if config.task.name == "jsonl":
-    splits = {"train": config.data.train_jsonl}
-    if config.data.test_jsonl:
-      splits["test"] = config.data.test_jsonl
-    return prepare_jsonl(splits, data_dir, required_fields=tuple(config.task.kwargs.get("required_fields", ())))
+  files = data_files(config)
+  if files is not None:
+    return prepare_jsonl(files, data_dir, required_fields=tuple(config.task.kwargs.get("required_fields", ())))
   return prepare(config.task.name, dict(config.task.kwargs), config.data.num_train, config.data.num_test,
                  config.seed, data_dir)
 
@@ -75,32 +75,41 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   key = jax.random.key(config.seed)
   mesh = mesh_from_config(config.mesh)
   lead = jax.process_index() == 0
-  if lead:
-    print(f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)"
-          + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""), flush=True)
+  say = (lambda text: print(text, flush=True)) if lead else (lambda text: None)
+  say(f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)"
+      + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""))
   needs = stage_needs(config)
-  tokenizer = tokenizer_from_spec(config.tokenizer) if "tokenizer" in needs else None
+  tokenizer = run_tokenizer(config) if "tokenizer" in needs else None
+  if "data" in needs:
+    config, notes = resolve_lengths(config, tokenizer)   # a no-op for a config launch.py resolved
+    for note in notes:
+      say(f"note: {note}")
   task = build_task(config) if "task" in needs else None
   sources = _on_lead_first(lambda: build_data(config, workdir)) if "data" in needs else {}
   test = sources.get("test", [])
+  if "data" in needs and not len(test):
+    say("warning: no held-out split (data.test_jsonl is empty): evaluation is off for this run.")
   eval_records = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
   with jax.set_mesh(mesh):
     model, params = build_model(config.model, tokenizer, jax.random.fold_in(key, 1), mesh)
     models = build_models(config.models, tokenizer, jax.random.fold_in(key, 3), mesh)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint.every,
-                                config.checkpoint.max_to_keep, model_spec=model_spec(model.cfg, config.tokenizer))
+                                config.checkpoint.max_to_keep, model_spec=model_spec(model.cfg, tokenizer_spec(config)))
     resume_step = checkpointer.latest_step()
-    logger = MetricsLogger(workdir, config.wandb.mode, config.wandb.project, config.to_dict(), resume_step,
-                           progress=config.progress and lead, enabled=lead)
+    resume_meta = None
+    if resume_step is not None:
+      resume_meta = json.loads(json.dumps(checkpointer.restore_meta(resume_step)))
+      say(_resume_line(config, workdir, resume_step, resume_meta))
+    complete = _is_complete(config, resume_meta)
+    logger = MetricsLogger(workdir, "disabled" if complete else config.wandb.mode, config.wandb.project,
+                           config.to_dict(), resume_step, progress=config.progress and lead, enabled=lead)
     ctx = Context(config=config, model=model, tokenizer=tokenizer, task=task, train_source=sources.get("train"),
                   eval_records=eval_records, logger=logger, checkpointer=checkpointer,
                   key=jax.random.fold_in(key, 2), put_batch=lambda b: shard_batch(b, mesh), models=models,
                   workdir=workdir)
-    resume_meta = None
-    if resume_step is not None:
-      resume_meta = json.loads(json.dumps(checkpointer.restore_meta(resume_step)))
     try:
-      params = _run_stages(ctx, config, params, resume_step, resume_meta)
+      if not complete:
+        params = _run_stages(ctx, config, params, resume_step, resume_meta)
     finally:
       logger.close()
       checkpointer.close()
@@ -109,7 +118,38 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   plot_metrics(logger.path, os.path.join(workdir, "metrics.png"))
   rows = [json.loads(line) for line in open(logger.path)]
   evals = [r for r in rows if "eval/accuracy" in r]
+  for line in summary_lines(evals):
+    say(line)
   return evals[-1] if evals else {}
+
+
+def _is_complete(config, meta) -> bool:
+  return meta is not None and meta["stage_index"] == len(config.stages) - 1 and bool(meta.get("done"))
+
+
+def _resume_line(config, workdir: str, step: int, meta: dict) -> str:
+  name = config.stages[meta["stage_index"]]
+  if _is_complete(config, meta):
+    return (f"{workdir} is complete: every stage finished (last checkpoint: global step {step}); nothing to "
+            "run. Use a new --workdir to train again.")
+  where = "finished" if meta.get("done") else f"at step {meta['stage_step']} of {config[name].steps}"
+  return f"resuming {workdir} from its checkpoint at global step {step} (stage {name} {where})"
+
+
+def summary_lines(evals: list[dict]) -> list[str]:
+  """The last evaluation of every stage side by side: one line per stage, the same columns."""
+  last = {}
+  for row in evals:
+    last[row["stage"]] = row
+  if not last:
+    return []
+  keys = [k for k in dict.fromkeys(k for r in last.values() for k in r) if is_headline(k)]
+  header = f"{'stage':8s} {'step':>6s} " + " ".join(f"{k[len('eval/'):]:>10s}" for k in keys)
+  lines = ["summary (held-out evaluation at the end of each stage):", "  " + header]
+  for stage, row in last.items():
+    cells = " ".join(f"{row[k]:>10.3f}" if isinstance(row.get(k), (int, float)) else f"{'-':>10s}" for k in keys)
+    lines.append(f"  {stage:8s} {row['step']:>6d} {cells}")
+  return lines
 
 
 def stage_context(ctx: Context, config, name: str) -> Context:
@@ -131,7 +171,8 @@ def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:
     meta = {"stage": name, "stage_index": index, "offset": offsets[index], "seed": config.seed}
     start, done = 0, False
     if resume_meta is not None and resume_meta["stage_index"] > index:
-      continue                                   # finished before the interruption
+      ctx.logger.say(f"stage {name}: finished before the interruption")
+      continue
     state = stage.init(ctx, cfg, params)
     if resume_meta is not None and resume_meta["stage_index"] == index:
       state, saved = ctx.checkpointer.restore(resume_step, state)

@@ -42,8 +42,9 @@ def validate(section, name: str) -> None:
                       f"{name}.micro_batches={section.micro_batches} (>= 1).")
   if section.stop_at_loss < 0:
     raise ConfigError(f"{name}.stop_at_loss={section.stop_at_loss} must be >= 0 (0 turns it off).")
-  if section.max_len < 2:
-    raise ConfigError(f"{name}.max_len={section.max_len} must be >= 2 (a prompt token and a target).")
+  if section.max_len == 1 or section.max_len < 0:
+    raise ConfigError(f"{name}.max_len={section.max_len} must be >= 2 (a prompt token and a target), or 0 to "
+                      "derive it from the data.")
 
 
 register_stage("sft", Stage(_init, _run, sft_defaults, validate))

@@ -77,7 +77,20 @@ def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int) ->
                      put_batch=ctx.put_batch)
   if metrics:
     ctx.logger.log(global_step, name, metrics)
+    ctx.logger.say(f"eval {name} @ step {global_step}: {eval_headline(metrics)}")
   return metrics
+
+
+def is_headline(key: str) -> bool:
+  """The evaluation metrics a console line shows: accuracy and pass@k."""
+  return key == "eval/accuracy" or key.startswith("eval/pass@")
+
+
+def eval_headline(metrics: dict) -> str:
+  """"accuracy 0.322, pass@4 0.551 (500 prompts)" from an evaluation's metrics."""
+  parts = [f"{k[len('eval/'):]} {v:.3f}" for k, v in metrics.items() if is_headline(k) and isinstance(v, (int, float))]
+  count = metrics.get("eval/num_examples")
+  return ", ".join(parts) + (f" ({count} prompts)" if count else "")
 
 
 def save(ctx: Context, state, global_step: int, meta: dict, force: bool) -> None:
@@ -104,6 +117,8 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
     iterator.set_state(meta["iterator"])
   loss_ema = meta.get("loss_ema")
   skipped_run = meta.get("skipped_run", 0)
+  ctx.logger.say(f"stage {name} ({cfg.kind}): " + (f"resuming at step {start} of {cfg.steps}" if start else
+                 f"{cfg.steps} steps") + f" (global steps {offset + 1}..{offset + cfg.steps})")
   ctx.logger.start_stage(name, cfg.steps, start)
   key = stage_key(ctx, index)
   for step in range(start, cfg.steps):
@@ -137,6 +152,10 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
       maybe_eval(ctx, state["train"].params, name, gstep, index)
     save(ctx, state, gstep, meta_now, force=last)
     if last:
+      ctx.logger.close_bar()
+      why = (f"stopped early at step {step + 1} of {cfg.steps}: the loss average {loss_ema:.4g} fell below "
+             f"stop_at_loss={stop_at_loss}" if stop and step + 1 < cfg.steps else f"finished {cfg.steps} steps")
+      ctx.logger.say(f"stage {name}: {why}; checkpoint {ctx.checkpointer.directory}/{gstep} (kept)")
       break
   ctx.logger.close_bar()
   return state

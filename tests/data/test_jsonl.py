@@ -121,6 +121,17 @@ def test_malformed_lines_are_all_listed(tmp_path):
   assert "line 1:" not in message and "line 4:" not in message
 
 
+@pytest.mark.parametrize("line,column", [
+    ('{"prompt": "x", "answer": "1"', 30),      # the '}' missing at the end: once reported as column 1
+    ('{"prompt": "caf\u00e9" "answer": "1"}', 19),   # the missing ',' after a non-ASCII string
+    ('  {"prompt": "x", "answer": }', 29),      # indented
+])
+def test_malformed_json_is_reported_at_its_column(tmp_path, line, column):
+  path = _write(tmp_path / "bad.jsonl", [json.dumps({"prompt": "ok", "answer": "1"}), line])
+  with pytest.raises(ValueError, match=rf"line 2: invalid JSON \(.* at column {column}\)"):
+    load_jsonl(path)
+
+
 def test_many_bad_lines_are_counted(tmp_path):
   path = _write(tmp_path / "bad.jsonl", ["nope"] * 25)
   with pytest.raises(ValueError, match=r"(?s)25 malformed.*and 5 more \(lines 21, 22, 23, 24, 25\)"):

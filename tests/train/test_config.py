@@ -25,7 +25,7 @@ def test_presets_validate(preset):
 
 
 def test_unknown_preset_is_named():
-  with pytest.raises(ValueError, match="cpu, gpu or test"):
+  with pytest.raises(ValueError, match="cpu, gpu, test"):
     _load("grpo_arith").get_config("tpu")
 
 
@@ -65,7 +65,7 @@ def _config():
     (lambda c: c.task.kwargs.__setitem__("max_digits", 0), "task.kwargs: task 'arithmetic'"),
     (lambda c: c.task.kwargs.__setitem__("digits", 3), "unknown parameter(s) ['digits']"),
     (lambda c: c.eval.__setitem__("pass_n", 1), "eval.pass_n=1 must be 0 or >= eval.pass_k=2"),
-    (lambda c: c.data.__setitem__("max_prompt_len", 0), "data.max_prompt_len=0 must be >= 1"),
+    (lambda c: c.data.__setitem__("max_prompt_len", -1), "data.max_prompt_len=-1 must be >= 0"),
     (lambda c: c.models.__setitem__("reference", ml_collections.ConfigDict({"paht": "x"})),
      "Unknown config key models.reference.paht"),
     (lambda c: c.sft.optimizer.__setitem__("schedule", "exp"), "sft.optimizer.schedule"),

@@ -38,11 +38,17 @@ def _run(workdir, *overrides, timeout=300):
     ("--config.mesh.cpu_devices=-1", "mesh.cpu_devices=-1 must be >= 0"),
     ("--config.rl.top_p=0.0", "rl.top_p=0.0 must be in (0, 1]"),          # once ran SFT, then crashed in RL
     ("--config.task.kwargs.max_digits=0", "need 1 <= min_digits <= max_digits"),   # once left config.json
+    ("--config.foo=1", "the top level has no key 'foo'"),               # once a 55-line traceback, exit 1
+    ("--config.rl.advatnage=group", "Valid keys of rl: advantage,"),    # the closest match first
+    ("--config.rl.advantage=grop", "choose one of: group,"),
+    ("--config.sft.max_len=5", "raise --config.sft.max_len to at least 11"),   # once a grain traceback
+    ("--config.tokenizer.kind=hf", "tokenizer.kind='hf' needs tokenizer.path"),
 ])
 def test_config_error_is_clear_and_writes_nothing(tmp_path, override, needle):
   workdir = tmp_path / "run"
   code, out, err = _run(str(workdir), override, timeout=120)
-  assert code != 0
+  assert code == 2, (code, err[-2000:])
+  assert "Traceback" not in err and err.strip().startswith("Config error:") and err.strip().count("\n") == 0, err
   assert needle.lower() in (out + err).lower(), err[-2000:]
   assert not workdir.exists()
 
