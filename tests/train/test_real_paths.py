@@ -159,3 +159,19 @@ def test_print_config_help_and_validate_only(tmp_path):
                                               f"presets of {arith}: ") and "\n" not in err.strip(), err
   code, out, _ = _launch(f"--config={arith}", "--validate_only", f"--workdir={tmp_path / 'run'}")
   assert code == 0 and "config OK" in out and not (tmp_path / "run").exists()
+
+
+def test_readme_python_snippet_runs_outside_the_repository(tmp_path):
+  """The README's loading-and-sampling snippet, as written, from another directory: the installed package."""
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  section = readme[readme.index("## Loading a Hugging Face model"):]
+  snippet = section[section.index("```python\n") + len("```python\n"):section.index("```\n", section.index("```python"))]
+  model = hf_folder(str(tmp_path / "qwen3"), [r["prompt"] for r in _rows(100, 0)] + ["The capital of France is"],
+                    TINY)
+  snippet = snippet.replace("/path/to/Qwen3-0.6B", model).replace('"/tmp/out"', repr(str(tmp_path / "out")))
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  env.update(XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", snippet], cwd=str(tmp_path), env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (tmp_path / "out" / "model.safetensors").exists() and (tmp_path / "out" / "config.json").exists()
