@@ -171,7 +171,7 @@ def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:
     meta = {"stage": name, "stage_index": index, "offset": offsets[index], "seed": config.seed}
     start, done = 0, False
     if resume_meta is not None and resume_meta["stage_index"] > index:
-      ctx.logger.say(f"stage {name}: finished before the interruption")
+      ctx.logger.say(f"stage {name}: already finished")
       continue
     state = stage.init(ctx, cfg, params)
     if resume_meta is not None and resume_meta["stage_index"] == index:
@@ -182,5 +182,7 @@ def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:
       resume_meta = None
     if start < cfg.steps and not done:
       state = stage.run(stage_context(ctx, config, name), cfg, state, start, meta)
+    elif done:
+      ctx.logger.say(f"stage {name}: already finished")
     params = state["train"].params
   return params

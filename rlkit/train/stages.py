@@ -153,8 +153,8 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
     save(ctx, state, gstep, meta_now, force=last)
     if last:
       ctx.logger.close_bar()
-      why = (f"stopped early at step {step + 1} of {cfg.steps}: the loss average {loss_ema:.4g} fell below "
-             f"stop_at_loss={stop_at_loss}" if stop and step + 1 < cfg.steps else f"finished {cfg.steps} steps")
+      why = (f"ended at step {step + 1} of {cfg.steps}: the loss average {loss_ema:.4g} fell below "
+             f"stop_at_loss={stop_at_loss}" if stop else f"finished {cfg.steps} steps")
       ctx.logger.say(f"stage {name}: {why}; checkpoint {ctx.checkpointer.directory}/{gstep} (kept)")
       break
   ctx.logger.close_bar()

@@ -25,7 +25,7 @@ def _train_rows(rows, stage):
 
 
 @fast_compile()   # four short runs, mostly compiling; what they compare does not depend on XLA's fusions
-def test_stop_at_loss_ends_sft_early_and_resumes_into_the_next_stage(tmp_path):
+def test_stop_at_loss_ends_sft_early_and_resumes_into_the_next_stage(tmp_path, capsys):
   run(_config(("sft",), 0.0), str(tmp_path / "full"))
   losses = [r["loss"] for r in _train_rows(read_metrics(str(tmp_path / "full" / "metrics.jsonl")), "sft")]
   assert len(losses) == STEPS
@@ -36,7 +36,11 @@ def test_stop_at_loss_ends_sft_early_and_resumes_into_the_next_stage(tmp_path):
   assert stop > 0, f"the test needs a falling loss average, got {ema}"
   threshold = (ema[stop] + min(ema[:stop])) / 2    # step `stop` is the first one below it
 
+  capsys.readouterr()
   run(_config(("sft", "rl"), threshold), str(tmp_path / "stopped"))
+  out = capsys.readouterr().out
+  assert f"stage sft: ended at step {stop + 1} of {STEPS}: the loss average" in out, out
+  assert f"stage rl (rl): 2 steps (global steps {STEPS + 1}..{STEPS + 2})" in out
   rows = read_metrics(str(tmp_path / "stopped" / "metrics.jsonl"))
   sft = _train_rows(rows, "sft")
   assert [r["step"] for r in sft] == list(range(1, stop + 2))
@@ -48,5 +52,8 @@ def test_stop_at_loss_ends_sft_early_and_resumes_into_the_next_stage(tmp_path):
   # find SFT finished (not resume it to `steps`) and produce exactly the rows of the one-command run.
   two = str(tmp_path / "two")
   run(_config(("sft",), threshold), two)
+  capsys.readouterr()
   run(_config(("sft", "rl"), threshold), two)
+  out = capsys.readouterr().out
+  assert f"from its checkpoint at global step {stop + 1} (stage sft finished)" in out and "stage sft: already finished" in out
   assert without_timings(read_metrics(two + "/metrics.jsonl")) == without_timings(rows)

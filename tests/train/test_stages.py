@@ -132,6 +132,10 @@ AUGMENTERS.add("test_stages_pad", AugmenterSpec(_pad_augmenter, lambda cfg: 1))
 class _Log:
   def __init__(self):
     self.rows = []
+    self.lines = []
+
+  def say(self, text):
+    self.lines.append(text)
 
   def log(self, step, stage, metrics, show=()):
     self.rows.append(dict(metrics, step=step, stage=stage))
@@ -147,6 +151,8 @@ class _Log:
 
 
 class _NoCkpt:
+  directory = "<none>"
+
   def should_save(self, step):
     return False
 
