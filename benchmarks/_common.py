@@ -1,5 +1,5 @@
-"""Shared pieces of the benchmark scripts: the model sizes, the commit, the `--tuned-malloc` option,
-interleaved median timing and the matmul peak.
+"""Shared pieces of the benchmark scripts: the model sizes, the commit, the CPU (model, instruction set,
+cores) every JSON line names, the `--tuned-malloc` option, interleaved median timing and the matmul peak.
 
 Not a benchmark itself; imported by `benchmarks/sampler.py`, `benchmarks/forward.py` and
 `benchmarks/rl_step.py` (each script puts the repository root on `sys.path` first).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import subprocess
 import time
@@ -33,6 +34,53 @@ def commit() -> str:
                                    cwd=os.path.dirname(os.path.abspath(__file__))).strip()
   except Exception:  # not a git checkout: the JSON still says so
     return "unknown"
+
+
+# Flags named beside "avx512" where the CPU has them: the ones this project's bf16 and matmul figures turn on.
+_WIDE_EXTRAS = ("avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")
+
+
+def isa_summary(flags) -> str:
+  """The vector instruction set of a CPU with these /proc/cpuinfo flags: "avx512" (then the extras it has in
+  parentheses, e.g. "avx512 (avx512_bf16)"), "avx2", "sse" (x86 without AVX2), "sve" or "neon" (Arm's
+  "Features"), else "unknown"."""
+  flags = set(flags)
+  if "avx512f" in flags:
+    extras = [f for f in _WIDE_EXTRAS if f in flags]
+    return "avx512" + (f" ({', '.join(extras)})" if extras else "")
+  if "avx2" in flags:
+    return "avx2"
+  if flags & {"sse", "sse2"}:
+    return "sse"
+  if "sve" in flags:
+    return "sve"
+  if flags & {"asimd", "neon"}:
+    return "neon"
+  return "unknown"
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict:
+  """The CPU the benchmark ran on, for its JSON line: `cpu` (the model name of /proc/cpuinfo, else
+  `platform.processor()`), `cpu_isa` (`isa_summary` of its flags) and `cpu_cores` (the cores this process
+  may run on). `cpuinfo`: that file's text (default: read it; absent, e.g. not on Linux, gives no flags)."""
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo") as f:
+        cpuinfo = f.read()
+    except OSError:
+      cpuinfo = ""
+  fields = {}
+  for line in cpuinfo.splitlines():
+    key, sep, value = line.partition(":")
+    if sep:
+      fields.setdefault(key.strip(), value.strip())      # the first processor's
+  flags = (fields.get("flags") or fields.get("Features") or "").split()
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    cores = os.cpu_count()
+  return {"cpu": fields.get("model name") or platform.processor() or platform.machine() or "unknown",
+          "cpu_isa": isa_summary(flags), "cpu_cores": cores}
 
 
 def add_tuned_malloc_arg(parser: argparse.ArgumentParser) -> None:

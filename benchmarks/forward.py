@@ -27,7 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from benchmarks._common import (SIZES, add_tuned_malloc_arg, apply_tuned_malloc_arg, commit,
+from benchmarks._common import (SIZES, add_tuned_malloc_arg, apply_tuned_malloc_arg, commit, cpu_info,
                                interleaved_median_times, matmul_fn)  # noqa: E402
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params, num_params  # noqa: E402
 from rlkit.parallel.host_memory import tuned_malloc_active  # noqa: E402
@@ -104,7 +104,7 @@ def bench_size(name: str, reps: int) -> dict:
   flops_tok = train_flops_per_token(cfg, SEQ)
   return {
       "benchmark": "forward", "size": name, "params": num_params(params), "batch": BATCH, "seq": SEQ,
-      "reps": reps, "commit": commit(), "jax": jax.__version__,
+      "reps": reps, "commit": commit(), "jax": jax.__version__, **cpu_info(),
       "tuned_malloc": tuned_malloc_active(),
       "tokens_per_s": round(n / t_step, 1), "bf16_tokens_per_s": round(n / t_step_bf16, 1),
       "fwd_bwd_tokens_per_s": round(n / t_fb, 1), "bf16_fwd_bwd_tokens_per_s": round(n / t_fb_bf16, 1),

@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from absl import logging  # noqa: E402
 
-from benchmarks._common import (SIZES, add_tuned_malloc_arg, apply_tuned_malloc_arg, commit,
+from benchmarks._common import (SIZES, add_tuned_malloc_arg, apply_tuned_malloc_arg, commit, cpu_info,
                                interleaved_median_times)  # noqa: E402
 from rlkit.data.pipeline import make_iterator  # noqa: E402
 from rlkit.models import hf  # noqa: E402
@@ -143,7 +143,7 @@ def bench_iteration(reps: int) -> dict:
       "benchmark": "rl_step", "part": "iteration", "config": "configs/grpo_arith.py:cpu",
       "params": num_params(params), "rows": n_rows, "prompt_len": config.data.max_prompt_len,
       "max_new_tokens": cfg.max_new_tokens, "reps": reps, "commit": commit(), "jax": jax.__version__,
-      "tuned_malloc": tuned_malloc_active(),
+      **cpu_info(), "tuned_malloc": tuned_malloc_active(),
       "iteration_ms": round(1e3 * med["total"], 1),
       "gen_tokens_per_s": round(statistics.median(r[1] / r[0]["generate"] for r in runs), 1),
       "update_tokens_per_s": round(statistics.median(cfg.ppo_epochs * r[2] / r[0]["update"] for r in runs), 1),
@@ -213,7 +213,7 @@ def bench_update(reps: int, batch: int, seq: int) -> dict:
   result = {
       "benchmark": "rl_step", "part": "update_vs_torch", "size": "M", "params": num_params(params),
       "batch": batch, "seq": seq, "reps": reps, "commit": commit(), "jax": jax.__version__,
-      "tuned_malloc": tuned_malloc_active(),
+      **cpu_info(), "tuned_malloc": tuned_malloc_active(),
       "ours": "make_sft_step+optax.adamw", "peer": "transformers Qwen3ForCausalLM eager+torch AdamW(fused)",
       "peer_tokens_per_s": round(n / times["peer"], 1),
       "peer_bf16_tokens_per_s": round(n / times["peer_bf16"], 1),

@@ -38,7 +38,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks._common import SIZES, commit, interleaved_median_times, matmul_fn  # noqa: E402
+from benchmarks._common import SIZES, commit, cpu_info, interleaved_median_times, matmul_fn  # noqa: E402
 from rlkit.models import hf  # noqa: E402
 from rlkit.parallel import make_mesh, set_cpu_devices, shard_batch, shard_params  # noqa: E402
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params, num_params  # noqa: E402
@@ -129,6 +129,7 @@ def bench_size(name: str, reps: int, mesh_axis: str = "data") -> dict:
       "benchmark": "sampler", "size": name, "cpu_devices": len(jax.devices()),
       "mesh": mesh_axis if len(jax.devices()) > 1 else None, "params": num_params(params), "batch": BATCH,
       "prompt": PROMPT, "new_tokens": NEW, "reps": reps, "commit": commit(), "jax": jax.__version__,
+      **cpu_info(),
       "tokens_per_s": round(tokens / t["ours"], 1), "peer_tokens_per_s": round(tokens / t["peer"], 1),
       "speedup_vs_peer": round(t["peer"] / t["ours"], 3),
       "bf16_tokens_per_s": round(tokens / t["ours_bf16"], 1),

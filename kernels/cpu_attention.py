@@ -18,8 +18,13 @@ products through per-product calls at 60-130 GFLOP/s (the model's weight matmuls
 written to memory between fusions, and it spends separate passes over q and k on the slices, the norm and the
 rope (about 60 ms of the M train step's forward). The kernel takes one (batch row, KV head) pair at a time:
 it normalises and rotates that pair's rows into L1-sized scratch, keeps its scores in L2, and runs its
-products through one register-blocked micro-kernel at 150-200 GFLOP/s per core. M train step (8 x 256
-tokens): 1.08x-1.10x faster than the XLA path (`benchmarks/README.md`).
+products through one register-blocked micro-kernel, its vector width chosen when it is compiled: 16 floats
+and a 6 x 64 block with AVX-512, 8 floats and a 6 x 16 block with AVX2 only (`vector_lanes()`). M train step
+(8 x 256 tokens, f32, `--tuned-malloc`) against the XLA path: 1.08x-1.10x on a 2-core Intel Xeon with AVX-512,
+150-200 GFLOP/s per core in the products (`benchmarks/README.md`); 1.08x (bf16 compute: 1.16x) on a 2-core
+AMD EPYC with AVX2 only (`benchmarks/rl_step.py --tuned-malloc`), where the attention's forward + backward
+alone ran 3.4x faster than XLA's. (Before the AVX2 shapes, the AVX-512 ones compiled for AVX2 spilled their
+48 ymm accumulators: 0.78x the XLA path on that EPYC, bf16 0.89x.)
 
 Building: the first call compiles the source with the C++ compiler (`$CXX`, default `g++`, flags
 `-O3 -march=native`) into `$RLKIT_KERNEL_CACHE` (default `~/.cache/rlkit/kernels`), keyed by a hash of the
@@ -106,6 +111,12 @@ def library_path() -> Path:
                          f"Use model.attention='xla' to run without it.")
     os.replace(out, lib)                 # atomic: readers see the whole library or none
   return lib
+
+
+def vector_lanes() -> int:
+  """Floats per vector in the kernel as built for this CPU (building it if needed): 16 where the compiler
+  targets AVX-512 (`-march=native` defines `__AVX512F__`), else 8."""
+  return int(ctypes.cdll.LoadLibrary(str(library_path())).RlkitAttentionLanes())
 
 
 @functools.cache

@@ -16,7 +16,14 @@
 // causal != 0 promises that query t never attends past slot t, so the products skip the score blocks above
 // the diagonal. A query row with no allowed key is uniform over the keys it considers (all T, or slots <= t
 // when causal) and passes no gradient to q or k; its lse is NaN.
-// hd must be a multiple of 32 (each half a whole number of 16-float vectors).
+// hd must be a multiple of 32 (each half a whole number of vectors: 16 floats with AVX-512, 8 with AVX2).
+//
+// Vector width: chosen at compile time (-march=native) from the compiler's ISA macros. With AVX-512 a vector
+// is 16 floats and the micro-kernel a 6 x 64 block (24 accumulators of the 32 zmm registers); with AVX2
+// only, 8 floats and a 6 x 16 block (12 accumulators of the 16 ymm registers). The AVX-512 shapes compiled
+// for AVX2 (each 16-float vector two ymm halves, 48 accumulators in 16 registers) spilled in the inner loop:
+// on a 2-core AVX2-only AMD EPYC they ran the M train step's attention at 0.33x the XLA path's speed forward
+// and 0.47x forward + backward; the AVX2 shapes at 2.1x and 3.4x (the whole f32 step: 0.78x -> 1.08x).
 
 #include <algorithm>
 #include <atomic>
@@ -27,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -37,23 +44,39 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// 16 floats: one AVX-512 register when compiled with -march=native on such a CPU (two AVX2 ones otherwise).
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint8_t vb __attribute__((vector_size(16)));
+// One machine register of floats: 16 with AVX-512, else 8 (AVX2's ymm; without AVX2, two SSE halves).
+#ifdef __AVX512F__
 constexpr int kLanes = 16;
+constexpr int kNV = 4;        // the micro-kernel's column vectors: 6 x 4 accumulators of 32 zmm registers
+#else
+constexpr int kLanes = 8;
+constexpr int kNV = 2;        // 6 x 2 accumulators, 2 B vectors and a broadcast: 15 of the 16 ymm registers
+#endif
+typedef float vf __attribute__((vector_size(4 * kLanes)));
+typedef int32_t vi __attribute__((vector_size(4 * kLanes)));
+typedef uint8_t vb __attribute__((vector_size(kLanes)));
 
 inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 // `vf{} + x` would compile to a scalar add of 0 (not foldable: -0 + 0 = +0) before every broadcast.
+#ifdef __AVX512F__
 inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-// Lanes [s, s + 16) of a mask row of S slots: allowed, and below `keys` (the keys the row considers).
-inline vi allowed16(const uint8_t* allowed, int s, int keys, int S) {
+constexpr vi kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }
+constexpr vi kIota = {0, 1, 2, 3, 4, 5, 6, 7};
+#endif
+// Lanes [s, s + kLanes) of a mask row of S slots: allowed, and below `keys` (the keys the row considers).
+inline vi allowed_lanes(const uint8_t* allowed, int s, int keys, int S) {
   vi m;
   if (s + kLanes <= S) {
 #ifdef __AVX512F__
     // GCC assembles __builtin_convertvector of 16 bytes lane by lane; vpmovzxbd is one instruction.
     __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(allowed + s)));
+    std::memcpy(&m, &w, sizeof m);
+    m = m != 0;
+#elif defined(__AVX2__)
+    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(allowed + s)));
     std::memcpy(&m, &w, sizeof m);
     m = m != 0;
 #else
@@ -65,16 +88,19 @@ inline vi allowed16(const uint8_t* allowed, int s, int keys, int S) {
     for (int l = 0; l < kLanes; ++l) m[l] = (s + l < S && allowed[s + l]) ? -1 : 0;
   }
   if (s + kLanes <= keys) return m;
-  const vi iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  return m & (iota < keys - s);
+  return m & (kIota < keys - s);
 }
-// Horizontal sum and max by halving: 4 steps instead of 15 lane extractions.
+// Horizontal sum and max by halving: 4 steps instead of 15 lane extractions (3 instead of 7 for 8 lanes).
 template <class Op>
 inline float reduce(vf v, Op op) {
   typedef float v8 __attribute__((vector_size(32)));
   typedef float v4 __attribute__((vector_size(16)));
+#ifdef __AVX512F__
   v8 a = op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
             __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+#else
+  v8 a = v;
+#endif
   v4 b = op(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
   return op(op(b[0], b[1]), op(b[2], b[3]));
 }
@@ -104,8 +130,9 @@ inline vf exp_neg(vf x) {
   return tiny ? splat(0.0f) : p * scale;
 }
 
-// C[MR, 16 NV] (+)= A[MR, K] B[K, 16 NV]: A(i, kk) = a[i * ars + kk * acs] (either layout), B row-major.
-// MR = 6, NV = 4 keeps 24 accumulators, 4 B vectors and one broadcast in the 32 AVX-512 registers.
+// C[MR, kLanes NV] (+)= A[MR, K] B[K, kLanes NV]: A(i, kk) = a[i * ars + kk * acs] (either layout), B
+// row-major. MR = 6, NV = 4 keeps 24 accumulators, 4 B vectors and one broadcast in the 32 AVX-512
+// registers; NV = 2 (AVX2) 12 accumulators, 2 B vectors and one broadcast in the 16 ymm ones.
 template <int MR, int NV>
 void micro(int k, const float* a, long ars, long acs, const float* b, long ldb, float* c, long ldc, bool add) {
   vf acc[MR][NV];
@@ -136,17 +163,23 @@ void micro(int k, const float* a, long ars, long acs, const float* b, long ldb, 
 using Micro = void (*)(int, const float*, long, long, const float*, long, float*, long, bool);
 constexpr int kMR = 6;
 
+#ifdef __AVX512F__
 template <int MR>
-constexpr Micro kRow[4] = {micro<MR, 1>, micro<MR, 2>, micro<MR, 3>, micro<MR, 4>};
+constexpr Micro kRow[kNV] = {micro<MR, 1>, micro<MR, 2>, micro<MR, 3>, micro<MR, 4>};
+#else
+template <int MR>
+constexpr Micro kRow[kNV] = {micro<MR, 1>, micro<MR, 2>};
+#endif
 constexpr const Micro* kMicro[kMR + 1] = {nullptr, kRow<1>, kRow<2>, kRow<3>, kRow<4>, kRow<5>, kRow<6>};
 
 struct Span { int k0, k1, n; };
 
 // C[m, :] (+)= A B, where the rows [i0, i1) of each block contract kk in [k0, k1) and compute the columns
-// [0, n), as span(i0, i1) says (n a multiple of 16): the causal products skip what the mask zeroes.
+// [0, n), as span(i0, i1) says (n a multiple of kLanes): the causal products skip what the mask zeroes.
 // Rows go in chunks of kChunk, each chunk sweeping the column blocks, so that a column block of B (at most
-// 64 columns by K rows) stays in L1 while the chunk's row blocks use it; the scores' 132 GFLOP/s row-block
-// order reread all of K^T (64 KB) from L2 for every 6 rows.
+// kNV * kLanes columns by K rows) stays in L1 while the chunk's row blocks use it; the scores' 132 GFLOP/s
+// row-block order reread all of K^T (64 KB) from L2 for every 6 rows. (With AVX2, chunks of 4 or 16 row
+// blocks ran the M attention within the machine's noise of 8.)
 constexpr int kChunk = 8 * kMR;
 
 template <class SpanFn>
@@ -156,12 +189,12 @@ void gemm(int m, const float* a, long ars, long acs, const float* b, long ldb, f
     int c1 = std::min(m, c0 + kChunk);
     int n_max = 0;
     for (int i0 = c0; i0 < c1; i0 += kMR) n_max = std::max(n_max, span(i0, std::min(c1, i0 + kMR)).n);
-    for (int j = 0; j < n_max; j += 4 * kLanes) {
+    for (int j = 0; j < n_max; j += kNV * kLanes) {
       for (int i0 = c0; i0 < c1; i0 += kMR) {
         int mr = std::min(kMR, c1 - i0);
         Span s = span(i0, i0 + mr);
         if (j >= s.n) continue;
-        int nv = std::min(4, (s.n - j) / kLanes);
+        int nv = std::min(kNV, (s.n - j) / kLanes);
         kMicro[mr][nv - 1](s.k1 - s.k0, a + i0 * ars + long(s.k0) * acs, ars, acs, b + long(s.k0) * ldb + j,
                            ldb, c + long(i0) * ldc + j, ldc, add);
       }
@@ -169,14 +202,14 @@ void gemm(int m, const float* a, long ars, long acs, const float* b, long ldb, f
   }
 }
 
-inline int round16(int n) { return (n + kLanes - 1) / kLanes * kLanes; }
+inline int round_lanes(int n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
 struct Shape {
   int64_t B, T, KV, G, hd;
   bool causal, qk_norm;
   float eps;
   int S() const { return int(T); }                // self-attention: the keys are the queries' own tokens
-  int Sp() const { return round16(S()); }
+  int Sp() const { return round_lanes(S()); }
   // Row stride of the [*, Sp] scratch matrices, one vector more than Sp: at a power-of-two stride (Sp = 256,
   // 1 KB) a 64-row panel of K^T maps onto a quarter of L1's sets. (At M the scores ran at the same speed
   // either way, within this machine's noise; the padding costs 6% more scratch.)
@@ -188,7 +221,7 @@ struct Shape {
 };
 
 // Kt [hd, Sp] (row stride ld_kt) = K^T of the S rows of K (row stride ld_k), zero-padded to Sp columns.
-// 16 rows of K at a time: their 64 cache lines stay in L1 while each is read hd times (row by row, K's 1 KB
+// kLanes rows of K at a time: their 64 cache lines stay in L1 while each is read hd times (row by row, K's 1 KB
 // row stride put every line in a quarter of L1's sets and this took 18 us per M pair instead of 4.5).
 void transpose_padded(const float* k, long ld_k, int S, int hd, int Sp, float* kt, long ld_kt) {
   for (int s0 = 0; s0 < Sp; s0 += kLanes) {
@@ -265,11 +298,11 @@ void unprep_rows(const Shape& sh, const float* x, long ld_x, int rows, const flo
 }
 
 // Scores [T, Sp] of the T query rows of q (row stride ld) against keys [0, keys(last row of the block)),
-// rounded up to 16 columns.
+// rounded up to whole vectors.
 void scores(const Shape& sh, const float* q, long ld, const float* kt, float* out) {
   int hd = int(sh.hd), Sp = sh.Sp();
   gemm(int(sh.T), q, ld, 1, kt, sh.ld(), out, sh.ld(), false,
-       [&](int, int i1) { return Span{0, hd, std::min(round16(sh.keys(i1 - 1)), Sp)}; });
+       [&](int, int i1) { return Span{0, hd, std::min(round_lanes(sh.keys(i1 - 1)), Sp)}; });
 }
 
 // One row's unnormalised probabilities exp(x - max), in place over `row` (scores in, zero past the considered
@@ -280,7 +313,7 @@ std::pair<float, float> softmax_row(float* row, const uint8_t* allowed, int keys
   vf mx = splat(neg);
   for (int s = 0; s < keys; s += kLanes) {
     vf x = load(row + s);
-    mx = allowed16(allowed, s, keys, S) ? (x > mx ? x : mx) : mx;
+    mx = allowed_lanes(allowed, s, keys, S) ? (x > mx ? x : mx) : mx;
   }
   float m = hmax(mx) * scale;
   if (m == neg) {
@@ -288,10 +321,10 @@ std::pair<float, float> softmax_row(float* row, const uint8_t* allowed, int keys
     return {NAN, 1.0f / keys};
   }
   vf sum = vf{};
-  int end = round16(keys);
+  int end = round_lanes(keys);
   for (int s = 0; s < end; s += kLanes) {
     vf p = exp_neg(load(row + s) * splat(scale) - splat(m));
-    p = allowed16(allowed, s, keys, S) ? p : vf{};
+    p = allowed_lanes(allowed, s, keys, S) ? p : vf{};
     sum += p;
     store(row + s, p);
   }
@@ -308,10 +341,10 @@ void softmax_grad_row(float* row, float* drow, const uint8_t* allowed, int keys,
     for (int s = 0; s < Sp; ++s) { row[s] = s < keys ? 1.0f / keys : 0.0f; drow[s] = 0.0f; }
     return;
   }
-  int end = round16(keys);
+  int end = round_lanes(keys);
   for (int s = 0; s < end; s += kLanes) {
     vf p = exp_neg(load(row + s) * splat(scale) - splat(lse));
-    p = allowed16(allowed, s, keys, S) ? p : vf{};
+    p = allowed_lanes(allowed, s, keys, S) ? p : vf{};
     store(row + s, p);
     store(drow + s, p * (load(drow + s) - splat(d)) * splat(scale));
   }
@@ -519,3 +552,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RlkitAttentionForward, AttentionForward,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RlkitAttentionBackward, AttentionBackward,
                               bind_attrs(bind_inputs().Arg<F32>().Arg<F32>().Arg<F32>().Ret<F32>().Ret<F32>()
                                              .Ret<F32>()));
+
+// The vector width this build chose from the compiler's ISA macros: 16 floats (AVX-512) or 8 (AVX2 or
+// narrower); `kernels.cpu_attention.vector_lanes()` reads it.
+extern "C" int RlkitAttentionLanes() { return kLanes; }
