@@ -65,13 +65,63 @@ def processed_logits(logits: Array, cfg: SamplingConfig) -> Array:
     kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
     x = jnp.where(x < kth, neg_inf, x)
   if cfg.top_p < 1.0:
-    sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
-    sorted_p = jax.nn.softmax(sorted_x, axis=-1)
-    mass_before = jnp.cumsum(sorted_p, axis=-1) - sorted_p
-    keep = mass_before < cfg.top_p
-    threshold = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
-    x = jnp.where(x < threshold, neg_inf, x)
+    x = jnp.where(x < nucleus_threshold(x, cfg.top_p), neg_inf, x)
   return x
+
+
+def _orderable(x: Array) -> Array:
+  """float32 -> int32 keys ordered like the floats (negative floats get their 31 low bits flipped). An
+  involution: applied to keys it gives back the float32 bit patterns."""
+  bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+  return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def _from_orderable(k: Array) -> Array:
+  return jax.lax.bitcast_convert_type(k ^ ((k >> 31) & 0x7FFFFFFF), jnp.float32)
+
+
+_VALUE_SPLITS = 8
+
+
+def nucleus_threshold(x: Array, top_p: float) -> Array:
+  """The smallest value kept by top-p: `x >= threshold` is the nucleus. x: [..., V] float32 -> [..., 1].
+
+  The nucleus is the smallest prefix of the descending sort whose mass reaches `top_p`, ties at the boundary
+  kept, so the threshold t is the smallest token value whose strictly-greater mass S(t) = sum_{x > t} p is
+  still below `top_p`. S is non-increasing, so that is the smallest float32 t with S(t) < top_p, found without
+  sorting by bisection over the float32 values in the order of their int32 keys (`_orderable`): 25-32
+  passes, each one masked sum over the row (O(V), 1-2 ms at [16, 151936] on 2 CPU cores, where the sort
+  took ~700 ms). Every float between two adjacent token values has the same S, so the bisection lands on a
+  token value. The bracket starts at (key(min finite) - 1, key(max)]: S(max) = 0 < top_p, and below every
+  token S is the whole mass. -inf tokens (top-k, masks) have no mass and are never kept; a row that is all
+  -inf gets threshold -inf (nothing changes). No gradient flows through the threshold.
+  """
+  x = jax.lax.stop_gradient(x.astype(jnp.float32))
+  m = jnp.max(x, axis=-1, keepdims=True)
+  e = jnp.exp(x - m)                                                       # unnormalised p; 0 at -inf
+  target = jnp.float32(top_p) * jnp.sum(e, axis=-1, keepdims=True)
+  lo = _orderable(jnp.min(jnp.where(x == -jnp.inf, m, x), axis=-1, keepdims=True)) - 1   # S(lo) = all
+  hi = _orderable(m)                                                       # S(hi) = 0 < target
+
+  def cond(c):
+    _, lo, hi = c
+    return jnp.any(lo + 1 < hi)
+
+  def body(c):
+    i, lo, hi = c
+    active = lo + 1 < hi
+    mid = (lo & hi) + ((lo ^ hi) >> 1)                  # floor((lo + hi) / 2) without int32 overflow
+    # A bracket around 0 spans ~2^31 keys, most of them tiny floats no logit has: the first few splits of
+    # such a bracket take the value midpoint instead (~6 passes fewer on logits, the same answer). Capped
+    # at _VALUE_SPLITS so a huge |logit| cannot make the search longer than 32 + _VALUE_SPLITS passes.
+    halfway = _orderable(0.5 * _from_orderable(lo) + 0.5 * _from_orderable(hi))
+    mid = jnp.where((i < _VALUE_SPLITS) & (lo < -1) & (hi > 0), jnp.clip(halfway, lo + 1, hi - 1), mid)
+    s = jnp.sum((x > _from_orderable(mid)).astype(jnp.float32) * e, axis=-1, keepdims=True)
+    below = s < target                                  # mid is at or above the threshold
+    return i + 1, jnp.where(active & ~below, mid, lo), jnp.where(active & below, mid, hi)
+
+  _, _, hi = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), lo, hi))
+  return _from_orderable(hi)
 
 
 def processed_logprobs(logits: Array, cfg: SamplingConfig) -> Array:
