@@ -119,3 +119,24 @@ def matmul_fn(dtype, n: int = 2048) -> tuple[Callable[[], object], float]:
   a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
   f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
   return (lambda: f(a, a).block_until_ready()), 2.0 * n ** 3
+
+
+def torch_train_step(model, tokens, bf16: bool, lr: float, weight_decay: float):
+  """The torch peer of an update: `run()` does one eager forward with the `labels=` next-token loss, backward
+  and a fused AdamW step on `model` (f32 weights; bf16: under `torch.autocast`); `losses` collects each
+  step's loss. Shared by rl_step.py and real_size.py so both time the same peer."""
+  import contextlib
+
+  import torch
+  opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
+  ids = torch.tensor(tokens, dtype=torch.long)
+  losses = []
+
+  def run():
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+      loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    losses.append(loss.detach().item())
+  return run, losses

@@ -54,7 +54,7 @@ import optax  # noqa: E402
 from absl import logging  # noqa: E402
 
 from benchmarks._common import (SIZES, add_tuned_malloc_arg, apply_tuned_malloc_arg, commit, cpu_info,
-                               interleaved_median_times)  # noqa: E402
+                               interleaved_median_times, torch_train_step)  # noqa: E402
 from rlkit.data.pipeline import make_iterator  # noqa: E402
 from rlkit.models import hf  # noqa: E402
 from rlkit.models.transformer import Transformer, init_params, num_params  # noqa: E402
@@ -174,25 +174,11 @@ def ours_update(cfg, params, tokens: np.ndarray) -> tuple[Callable[[], None], li
 
 def torch_update(folder: str, tokens: np.ndarray, bf16: bool) -> tuple[Callable[[], None], list]:
   """One eager Qwen3ForCausalLM fwd + bwd + fused AdamW step (f32 weights), and the list of its losses."""
-  import contextlib
-
   import torch
   import transformers
   torch.set_num_threads(2)
   model = transformers.Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
-  opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
-  ids = torch.tensor(tokens, dtype=torch.long)
-  losses = []
-
-  def run():
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    with ctx:
-      loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    losses.append(loss.detach().item())
-  return run, losses
+  return torch_train_step(model, tokens, bf16, LR, WEIGHT_DECAY)
 
 
 def bench_update(reps: int, batch: int, seq: int) -> dict:
