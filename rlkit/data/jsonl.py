@@ -20,7 +20,7 @@ import json
 import os
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -149,7 +149,11 @@ class JsonlTask:
 
   `required_fields`: extra fields every line must have (e.g. ("rubric",) for a rubric reward); a line
   without one fails loading with its line number.
+
+  `SPLIT_FILES`: the run config's `data.<key>` that holds each split's file (the train file is also this
+  task's `path`); a task that declares it serves files instead of generating its splits.
   """
+  SPLIT_FILES: ClassVar[dict] = {"train": "train_jsonl", "test": "test_jsonl"}
   path: str = ""
   required_fields: tuple = ()
   name: str = dataclasses.field(default="jsonl", init=False)

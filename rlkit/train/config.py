@@ -207,38 +207,45 @@ def _positive(config, keys: tuple[str, ...], minimum: int = 1) -> None:
       raise ConfigError(f"{key}={value} must be >= {minimum}.")
 
 
+def split_files(task_name: str) -> Optional[dict[str, str]]:
+  """{split: `data` key of its file} for a task that serves files (its class's `SPLIT_FILES`, e.g. jsonl's
+  train_jsonl / test_jsonl), else None: the task generates its splits."""
+  from rlkit.data import TASKS
+  return getattr(TASKS.get(task_name), "SPLIT_FILES", None) if task_name in TASKS else None
+
+
 def stage_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """The run config as stage `name` sees it: with the stage's own `task` (and, for jsonl, its file as
-  data.train_jsonl, no test file) when `<name>.task.name` is set; else `config` itself."""
+  """The run config as stage `name` sees it: with the stage's own `task` (and, for a task that serves files,
+  its `kwargs.path` as the training file, no test file) when `<name>.task.name` is set; else `config`."""
   own = config[name].get("task")
   if own is None or not own.name:
     return config
   c = ml_collections.ConfigDict(config.to_dict())
   kwargs = dict(own.kwargs)
-  if own.name == "jsonl":
-    c.data.train_jsonl, c.data.test_jsonl = kwargs.pop("path", ""), ""
+  keys = split_files(own.name)
+  if keys:
+    for split, key in keys.items():
+      c.data[key] = kwargs.pop("path", "") if split == "train" else ""
   c.task = ml_collections.ConfigDict({"name": own.name, "kwargs": kwargs})
   return c
 
 
 def task_kwargs(config) -> dict:
-  """The task's constructor arguments: `task.kwargs`, plus the training file for the `jsonl` task (which
-  serves the rows of `data.train_jsonl`)."""
+  """The task's constructor arguments: `task.kwargs`, plus the training file as `path` for a task that serves
+  files (see `split_files`)."""
   kwargs = dict(config.task.kwargs)
-  if config.task.name == "jsonl":
-    kwargs["path"] = config.data.train_jsonl
+  keys = split_files(config.task.name)
+  if keys:
+    kwargs["path"] = config.data[keys["train"]]
   return kwargs
 
 
 def data_files(config) -> Optional[dict[str, str]]:
-  """{split: JSONL path} when the task serves files (`jsonl`: data.train_jsonl, and data.test_jsonl when
-  set), else None: a synthetic task generates its splits."""
-  if config.task.name != "jsonl":
+  """{split: path} when the task serves files (the train file always, the others when set), else None."""
+  keys = split_files(config.task.name)
+  if keys is None:
     return None
-  files = {"train": config.data.train_jsonl}
-  if config.data.test_jsonl:
-    files["test"] = config.data.test_jsonl
-  return files
+  return {split: config.data[key] for split, key in keys.items() if split == "train" or config.data[key]}
 
 
 def _check_task(config, where: str = "task") -> None:
@@ -271,14 +278,10 @@ def _check_tokenizer(config) -> None:
     raise ConfigError(f"model.path={config.model.path!r} is a Hugging Face folder, but tokenizer.kind="
                       f"{config.tokenizer.kind!r}: the model needs its own tokenizer. Add "
                       "--config.tokenizer.kind=hf (tokenizer.path defaults to the model.path folder).")
-  if config.tokenizer.kind == "hf" and not (config.tokenizer.path or config.model.path):
-    raise ConfigError("tokenizer.kind='hf' needs tokenizer.path (a tokenizer.json or its folder), or "
-                      "model.path set to a Hugging Face folder that has one.")
   try:
     run_tokenizer(config)
   except (FileNotFoundError, ValueError) as e:
-    raise ConfigError(f"tokenizer ({config.tokenizer.kind}, path {config.tokenizer.path or config.model.path!r})"
-                      f": {e}") from None
+    raise ConfigError(f"tokenizer: {e}") from None
 
 
 def _check_models(config) -> None:

@@ -93,7 +93,10 @@ def tokenizer_spec(config) -> dict[str, str]:
   """The run's tokenizer `{"kind", "path"}`: `config.tokenizer`; an `hf` one without a path takes the
   tokenizer of `model.path` (the Hugging Face folder's, or the one an rlkit checkpoint names)."""
   spec = {"kind": config.tokenizer.kind, "path": config.tokenizer.path}
-  if spec["kind"] == "hf" and not spec["path"] and config.model.path:
+  if spec["kind"] == "hf" and not spec["path"] and not config.model.path:
+    raise ValueError("tokenizer.kind='hf' needs tokenizer.path (a tokenizer.json or its folder), or model.path "
+                     "set to a Hugging Face folder that has one.")
+  if spec["kind"] == "hf" and not spec["path"]:
     kind, folder, step = resolve_source(config.model.path)
     if kind == "hf":
       spec["path"] = folder
