@@ -4,6 +4,7 @@
   seq-mean-token-mean       (1/S) sum_i (sum_t l m / |o_i|)                     GRPO, GSPO
   seq-mean-token-sum        (1/S) sum_i sum_t l m
   seq-mean-token-sum-norm   sum_{i,t} l m / (S * max_len)                       Dr. GRPO ("1/(G L)")
+  token-sum                 sum_{i,t} l m                                       Tinker's built-in RL losses
 
 S is the number of non-empty rows. The choice changes the effective learning rate by large factors and is
 what separates the GRPO / DAPO / Dr. GRPO length biases (methods/llm.md §12).
@@ -15,6 +16,11 @@ Choices:
 - `seq-mean-token-sum-norm` divides by S * `max_len` with `max_len` a constant the caller passes (e.g. the
   sampler's max_new_tokens), not the padded width: with bucketed padding the width changes between batches,
   and Dr. GRPO's point is a constant normaliser. verl divides the batch sum by the mask width only.
+- `token-sum` has no normaliser at all: the loss (and the update size) grows with the number of tokens, so
+  the learning rate or the advantages must absorb the scale. verl has no such mode (its `agg_loss` at
+  b178a3c offers the four above; the nearest, seq-mean-token-sum-norm, divides by a constant,
+  `loss_scale_factor`); Tinker's `importance_sampling` / `ppo` / `cispo` losses are this plain sum. It is
+  additive over micro-batches even without the global counts.
 
 Micro-batching: pass the full batch's counts, `aggregate(..., **loss_normalizers(full_mask))`, to every
 micro-batch; the sum of the micro-batch losses (and of their gradients) then equals the full-batch loss for
@@ -74,6 +80,12 @@ def _seq_mean_token_sum_norm(per_token, mask, *, num_tokens, num_seqs, max_len):
         "Aggregation 'seq-mean-token-sum-norm' (Dr. GRPO) needs max_len, the constant completion-length "
         "normaliser (e.g. the sampler's max_new_tokens).")
   return per_token.sum() / (num_seqs * max_len)
+
+
+@AGGREGATIONS.register("token-sum")
+def _token_sum(per_token, mask, *, num_tokens, num_seqs, max_len):
+  del mask, num_tokens, num_seqs, max_len
+  return per_token.sum()
 
 
 def aggregate(per_token: jax.Array, mask: jax.Array, mode: str = "token-mean", *,

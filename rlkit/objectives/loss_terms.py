@@ -23,6 +23,7 @@ cross-entropy). A method adds its own (distillation, calibration, ...) with `LOS
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import jax
@@ -40,7 +41,18 @@ LossTerm = Callable[[Array, Array, Any, dict], tuple[Array, dict[str, Metric]]]
 # name -> factory(cfg) -> LossTerm; cfg is the stage config section (read what the term needs from it).
 LOSS_TERMS: Registry[Callable[[Any], LossTerm]] = Registry("loss term")
 
-SFT_ONLY_TERMS = ("nll",)   # read the SFT step's view (targets over the whole sequence), not a TrainBatch
+SFT_ONLY_TERMS = ("nll",)
+
+
+def policy_kwargs_error(name: str, kwargs: dict) -> str:
+  """'' if `POLICY_LOSSES[name]` takes every key of `kwargs`, else a message naming the ones it does not."""
+  params = inspect.signature(POLICY_LOSSES.get(name)).parameters
+  own = [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY and p not in ("eps_low", "eps_high", "dual_clip")]
+  unknown = sorted(set(kwargs) - set(own))
+  if not unknown:
+    return ""
+  return (f"policy loss {name!r} takes no parameter {', '.join(map(repr, unknown))}; its own parameters: "
+          f"{', '.join(own) or 'none'} (eps_low, eps_high and dual_clip are rl fields).")   # read the SFT step's view (targets over the whole sequence), not a TrainBatch
 
 
 def token_mean(x: Array, mask: Array, step_inputs: dict) -> Metric:
@@ -50,9 +62,10 @@ def token_mean(x: Array, mask: Array, step_inputs: dict) -> Metric:
 
 @LOSS_TERMS.register("policy")
 def policy_term(cfg) -> LossTerm:
-  """`POLICY_LOSSES[cfg.policy_loss]` on (logp, old_logp, advantages) with the configured clip ranges."""
+  """`POLICY_LOSSES[cfg.policy_loss]` on (logp, old_logp, advantages) with the configured clip ranges and
+  the loss's own parameters `cfg.policy_kwargs` (e.g. SAPO's temperatures)."""
   loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
-  clip = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+  clip = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, **dict(cfg.get("policy_kwargs", {})))
   if cfg.dual_clip:
     clip["dual_clip"] = cfg.dual_clip
 

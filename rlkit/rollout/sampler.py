@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,10 @@ from rlkit.core.types import Rollout
 from rlkit.models.transformer import Transformer, as_dtype, init_cache, positions_from_mask, rope_tables
 
 Array = jax.Array
+
+# fold_in data of the `perturb` hook's key stream. The uniforms use threefry counters 0 .. R*B - 1 of `key`, and
+# fold_in(key, c) is the block at counter c, so a c this large cannot coincide with key bits they use.
+NOISE_STREAM = 0x6D69736D
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +159,8 @@ def sample_categorical(u: Array, weights: Array, block: int = 64) -> Array:
 
 
 def generate(model: Transformer, params: Any, prompt: Array, prompt_mask: Array, key: Array,
-             cfg: SamplingConfig, group_ids: Optional[Array] = None) -> Rollout:
+             cfg: SamplingConfig, group_ids: Optional[Array] = None,
+             perturb: Optional[Callable[[Array, Array], Array]] = None) -> Rollout:
   """Samples `cfg.max_new_tokens` tokens (at most) for each left-padded prompt row.
 
   Args:
@@ -167,6 +172,11 @@ def generate(model: Transformer, params: Any, prompt: Array, prompt_mask: Array,
       decode loop (inside it XLA:CPU ran the generator as a nested loop, ~6% of an S decode step).
     cfg: a `SamplingConfig`.
     group_ids: optional [B] int32 stored in the Rollout (default arange(B)).
+    perturb: optional hashable (static) `perturb(logits [B, V] float32, key_i) -> logits` applied to the raw
+      logits of every step i before `processed_logits` (`rlkit.rollout.mismatch` simulates an inference
+      engine with it). Tokens are drawn from, and `Rollout.logprobs` are taken under, the perturbed
+      distribution. key_i = fold_in(fold_in(key, NOISE_STREAM), i): the uniforms above are those of the
+      unperturbed run, and None leaves the decode loop as it is.
   Returns:
     A `Rollout`; for MoE models `extras["routed_experts"]` is [B, P+R, L_moe, k].
   """
@@ -175,11 +185,12 @@ def generate(model: Transformer, params: Any, prompt: Array, prompt_mask: Array,
   if group_ids is None:
     group_ids = jnp.arange(prompt.shape[0], dtype=jnp.int32)
   return _generate(model, cfg, params, jnp.asarray(prompt, jnp.int32), jnp.asarray(prompt_mask, bool), key,
-                   jnp.asarray(group_ids, jnp.int32))
+                   jnp.asarray(group_ids, jnp.int32), perturb)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_mask, key, group_ids):
+@functools.partial(jax.jit, static_argnums=(0, 1, 7))
+def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_mask, key, group_ids,
+              perturb=None):
   b, p = prompt.shape
   r = cfg.max_new_tokens
   mcfg = model.cfg
@@ -200,10 +211,14 @@ def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_ma
   cos_all, sin_all = rope_tables(step_pos, mcfg.head_dim, mcfg.rope_theta, as_dtype(mcfg.dtype))
 
   uniforms = None if cfg.greedy else jax.random.uniform(key, (r, b), jnp.float32)
+  # A stream of its own (fold_in leaves `key` and so the uniforms untouched): see `NOISE_STREAM`.
+  noise_key = None if perturb is None else jax.random.fold_in(key, NOISE_STREAM)
 
   def draw(c, logits):
     """Samples token i of every row from `logits` [B, V] and records it: the loop's last half-step."""
     i = c["i"]
+    if perturb is not None:
+      logits = perturb(logits.astype(jnp.float32), jax.random.fold_in(noise_key, i))
     # Only the drawn token's log-probability is kept, so no [B, V] log-softmax is formed: one exp pass gives
     # the sampling weights and the normaliser (as `processed_logprobs` computes it: x - max - log sum exp).
     x = processed_logits(logits, cfg)

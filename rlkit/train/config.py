@@ -13,7 +13,9 @@ from typing import Any, Optional
 import ml_collections
 
 from rlkit.core.registry import closest_first
+from rlkit.objectives.correction import correction_defaults
 from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES, optimizer_defaults
+from rlkit.rollout.mismatch import mismatch_defaults
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -56,6 +58,13 @@ def sft_defaults() -> ml_collections.ConfigDict:
   return c
 
 
+def critic_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.value_clip = 0.5            # clip of the new values around the old ones in the value loss (verl's default)
+  c.optimizer = optimizer_defaults()
+  return c
+
+
 def rl_defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "rl"                 # stage kind (registry STAGES)
@@ -74,9 +83,15 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.reward.kwargs = ml_collections.ConfigDict()   # the reward's own parameters
   c.reward.timeout_s = 30.0     # wall-time limit of the host-side verifier on one row (0: none, runs inline)
   c.reward.call_timeout_s = 0.0  # limit of one whole batched verifier call; rows left then fail (0: none)
-  c.advantage = "group"         # group | batch | none (Dr. GRPO) | rloo
+  c.advantage = "group"         # group | batch | none (Dr. GRPO) | rloo | reinforce_pp | reinforce_pp_baseline |
+                                # gae (PPO with a critic: trains rl.critic beside the policy)
   c.adv_eps = 1e-6              # std epsilon of the group/batch advantage
+  c.gamma = 1.0                 # discount of the token rewards (gae, reinforce_pp)
+  c.gae_lambda = 1.0            # GAE lambda (gae; 1: Monte-Carlo returns minus values)
+  c.whiten_advantages = True    # gae: advantages to mean 0 / std 1 over the batch's loss tokens (verl does)
+  c.critic = critic_defaults()  # the value model of advantage=gae
   c.policy_loss = "ppo_clip"    # ppo_clip | gspo | gspo_token
+  c.policy_kwargs = ml_collections.ConfigDict()   # the policy loss's own parameters (e.g. sapo: tau_pos)
   c.eps_low = 0.2               # lower clip range (ratio >= 1 - eps_low)
   c.eps_high = 0.2              # upper clip range (DAPO clip-higher: eps_high > eps_low)
   c.dual_clip = 0.0             # dual-clip constant for negative advantages (0: off; verl uses 3)
@@ -88,8 +103,8 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.ppo_epochs = 1              # passes over each iteration's rollouts
   c.minibatches = 1             # optimizer steps per epoch (rollouts split into this many minibatches)
   c.micro_batches = 1           # gradient accumulation slices per minibatch
-  c.correction = "none"         # sampler -> trainer off-policy correction (registry CORRECTIONS): none | tis
-  c.correction_cap = 2.0        # tis: truncation of the token importance ratio pi_old / pi_rollout
+  c.correction = correction_defaults()   # sampler -> trainer off-policy correction (weights, rejections)
+  c.rollout_mismatch = mismatch_defaults()   # a simulated inference engine: the sampler's perturbed copy
   c.filter = "none"             # group filter (registry FILTERS): none | dynamic_sampling (DAPO: drop
                                 # zero-variance groups and sample more prompts to refill)
   c.max_sampling_rounds = 4     # cap on extra sampling rounds of a filter that asks for more
@@ -187,8 +202,9 @@ def _same_type(value: Any, default: Any) -> bool:
 
 
 # Sections whose keys are not fixed: task.kwargs / reward.kwargs (the component's own parameters),
-# rl.loss_terms (term name -> weight), models (role -> model section).
-FREE_FORM = ("kwargs", "loss_terms", "models")
+# rl.loss_terms (term name -> weight), rl.policy_kwargs (the policy loss's parameters), models (role -> model
+# section).
+FREE_FORM = ("kwargs", "loss_terms", "models", "policy_kwargs")
 
 
 def choice(value: str, registry, key: str) -> None:
@@ -197,6 +213,13 @@ def choice(value: str, registry, key: str) -> None:
     registry.check(value, key)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+
+
+def check_optimizer(section, where: str) -> None:
+  choice(section.name, OPTIMIZERS, f"{where}.name")
+  choice(section.schedule, SCHEDULES, f"{where}.schedule")
+  if section.lr <= 0:
+    raise ConfigError(f"{where}.lr={section.lr} must be > 0.")
 
 
 def _positive(config, keys: tuple[str, ...], minimum: int = 1) -> None:
@@ -298,9 +321,12 @@ def _check_models(config) -> None:
     section = config.models[role]
     _check_section(section, role_model_defaults(), f"models.{role}")
     _check_path(section.path, f"models.{role}.path")
-    if section.trainable:
-      raise ConfigError(f"models.{role}.trainable=True: only frozen models by role are supported so far (none "
-                        "enters an optimizer); set it to False.")
+    if section.trainable and role != "critic":
+      raise ConfigError(f"models.{role}.trainable=True: of the roles only `critic` (the value model of "
+                        "rl.advantage='gae') is trained so far; set it to False.")
+    if role == "critic" and not section.trainable:
+      raise ConfigError("models.critic is the value model that rl.advantage='gae' trains (from these weights); "
+                        "set models.critic.trainable=True.")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -341,12 +367,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     stage = STAGES.get(section.kind)
     kinds[name] = stage
     _check_section(section, stage.defaults(), name)
-    choice(section.optimizer.name, OPTIMIZERS, f"{name}.optimizer.name")
-    choice(section.optimizer.schedule, SCHEDULES, f"{name}.optimizer.schedule")
+    check_optimizer(section.optimizer, f"{name}.optimizer")
     if section.steps < 0:
       raise ConfigError(f"{name}.steps={section.steps} must be >= 0.")
-    if section.optimizer.lr <= 0:
-      raise ConfigError(f"{name}.optimizer.lr={section.optimizer.lr} must be > 0.")
     stage.validate(section, name)
   needs = {need for name in stages for need in kinds[name].needs}
   if "tokenizer" in needs:

@@ -1,13 +1,16 @@
 """The `rl` stage: the RL iteration composed from its phases (rlkit/train/phases/, methods/llm.md §12).
 
   collect   G completions per prompt from the KV-cache sampler                          phases/collect.py
+            (or its perturbed copy: a simulated inference engine, rl.rollout_mismatch)  rollout/mismatch.py
   reward    the stage's reward function on one RewardBatch (+ overlong penalty)         phases/reward.py
   filter    which groups to keep, and whether to sample another round (FILTERS)       phases/filter.py
   augment   rows added to each group from elsewhere (AUGMENTERS; none by default)     phases/augment.py
-  advantages per-token advantages from each group's rewards (ADVANTAGES)              phases/advantages.py
   score     old / reference (/ other roles') log-probs by the one scorer               phases/score.py
-            then the off-policy correction's token weights (CORRECTIONS)             objectives/corrections.py
+            (and the critic's values, with a critic)                                   train/critic.py
+  correct   the off-policy correction's token weights and rejections (CORRECTIONS)    objectives/correction.py
+  advantages per-token advantages (ADVANTAGES, TOKEN_ESTIMATORS)                     phases/advantages.py
   update    epochs x minibatches of the jitted step, a sum of LOSS_TERMS              phases/update.py
+            (then the critic's own updates, with a critic)
 
 Everything a method changes is a registered component named in the config; this module only wires them.
 """
@@ -21,14 +24,18 @@ import numpy as np
 
 from rlkit.core.types import ROW_SOURCE
 from rlkit.data.pipeline import make_iterator
-from rlkit.objectives.corrections import CORRECTIONS
+from rlkit.objectives.correction import CORRECTIONS
+from rlkit.objectives.correction import check as check_correction
 from rlkit.optim.optimizers import make_optimizer
 from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rewards import REWARDS, VerifierExecutor, check_reward_kwargs, concat_outputs, take
+from rlkit.rollout.mismatch import from_config as mismatch_from_config
+from rlkit.rollout.mismatch import sampling_model
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import make_scorer
 from rlkit.train.config import ConfigError, rl_defaults
-from rlkit.train.phases.advantages import token_advantages
+from rlkit.train.critic import build_critic
+from rlkit.train.phases.advantages import with_advantages
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, build_augmenter
 from rlkit.train.phases.collect import Samples, collect
 from rlkit.train.phases.filter import FILTERS, select_rows
@@ -48,6 +55,12 @@ def _init(ctx, cfg, params):
   state = {"train": init_train_state(params, make_optimizer(cfg.optimizer, _total_updates(cfg)))}
   if cfg.kl_beta > 0 and "reference" not in ctx.models:   # the reference defaults to the initial policy
     state["ref_params"] = jax.tree.map(jnp.copy, params)
+  critic = build_critic(ctx, cfg).init(params)
+  if critic is not None:
+    state["critic"] = critic
+  correction = CORRECTIONS.get(cfg.correction.name).init(cfg.correction)
+  if correction:                                         # e.g. calibrated IS's mismatch scale
+    state["correction"] = correction
   return state
 
 
@@ -80,7 +93,10 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   step_inputs = default_step_inputs(cfg)
   scorers = _scorers(ctx, cfg, state, sampling)
   keep = FILTERS.get(cfg.filter)
-  correct = CORRECTIONS.get(cfg.correction)
+  correction = CORRECTIONS.get(cfg.correction.name)
+  engine = mismatch_from_config(cfg.rollout_mismatch)
+  sampler_model, perturb = sampling_model(ctx.model, engine), engine.logits_hook(sampling)
+  critic = build_critic(ctx, cfg)
   group, prompts = cfg.group_size, cfg.prompts_per_step
   it = make_iterator(ctx.train_source, prompts, ctx.config.seed + 1000 * meta["stage_index"], tok,
                      ctx.config.data.max_prompt_len, process_index=jax.process_index(),
@@ -91,8 +107,8 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     t0 = time.perf_counter()
     parts, outputs, rounds = [], [], 0
     while True:                                             # collect -> reward -> filter, in rounds
-      s = collect(ctx.model, train.params, batch, jax.random.fold_in(key, rounds), sampling, group, ctx.put_batch,
-                  first_group_id=rounds * prompts)
+      s = collect(sampler_model, train.params, batch, jax.random.fold_in(key, rounds), sampling, group,
+                  ctx.put_batch, first_group_id=rounds * prompts, perturb=perturb)
       parts.append(s), outputs.append(compute_rewards(reward_fn, s, tok, cfg))
       rounds += 1
       selection = keep(concat_outputs(outputs).rewards, group, prompts)
@@ -108,17 +124,22 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     sample_s = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    capacity = group + augmenter.extra_rows
-    adv = token_advantages(cfg.advantage, rewards.rewards, capacity, cfg.max_new_tokens, cfg.adv_eps,
-                           samples.valid)
-    batch = score(train_batch(samples, adv, ctx.put_batch),
+    batch = score(train_batch(samples, None, ctx.put_batch),
                   dict(scorers, policy=(scorers["policy"][0], train.params)))
+    batch = critic.add_values(state, batch)
     metrics.update(mismatch(batch))
-    weights, correction_metrics = correct(batch, cfg)
-    batch = batch.replace(token_weights=weights)
-    metrics.update(correction_metrics)
+    corrected = correction.apply(batch, cfg.correction, state.get("correction", {}))
+    batch = batch.replace(token_weights=batch.token_weights * corrected.weights,
+                          loss_mask=batch.loss_mask & corrected.keep)
+    if corrected.state:
+      state = dict(state, correction=corrected.state)
+    metrics.update(corrected.metrics)
+    batch = with_advantages(batch, rewards.rewards, cfg, group + augmenter.extra_rows, ctx.put_batch,
+                            samples.valid)
     train, update_metrics, skipped = ppo_updates(step_fn, train, batch, key, cfg.ppo_epochs, cfg.minibatches,
                                                  step_inputs)
+    state, critic_metrics = critic.update(state, batch, key)
+    metrics.update(critic_metrics)
     update_s = time.perf_counter() - t1
     metrics.update(update_metrics)
     metrics.update(**accuracy(outputs[0]), **failures(rewards.failures))
@@ -143,9 +164,10 @@ def _run(ctx, cfg, state, start: int, meta: dict):
 
 def validate(section, name: str) -> None:
   """Range checks of an RL section (types and unknown keys are checked by `config.validate`)."""
-  from rlkit.objectives import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-  from rlkit.objectives.loss_terms import LOSS_TERMS, SFT_ONLY_TERMS
-  from rlkit.train.config import choice
+  from rlkit.objectives import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+  from rlkit.objectives.loss_terms import LOSS_TERMS, SFT_ONLY_TERMS, policy_kwargs_error
+  from rlkit.train.config import check_optimizer, choice
+  from rlkit.train.phases.advantages import all_estimators
 
   def need(ok: bool, key: str, rule: str) -> None:
     if not ok:
@@ -156,13 +178,20 @@ def validate(section, name: str) -> None:
     check_reward_kwargs(section.reward.name, dict(section.reward.kwargs))
   except (TypeError, ValueError) as e:
     raise ConfigError(f"{name}.reward.kwargs: {e}") from None
-  choice(section.advantage, ADVANTAGES, f"{name}.advantage")
+  choice(section.advantage, all_estimators(), f"{name}.advantage")
   choice(section.policy_loss, POLICY_LOSSES, f"{name}.policy_loss")
+  bad_kwargs = policy_kwargs_error(section.policy_loss, dict(section.policy_kwargs))
+  if bad_kwargs:
+    raise ConfigError(f"{name}.policy_kwargs: {bad_kwargs}")
   choice(section.aggregation, AGGREGATIONS, f"{name}.aggregation")
   choice(section.kl_estimator, KL_ESTIMATORS, f"{name}.kl_estimator")
   choice(section.filter, FILTERS, f"{name}.filter")
-  choice(section.correction, CORRECTIONS, f"{name}.correction")
-  need(section.correction_cap > 0, "correction_cap", "must be > 0")
+  choice(section.correction.name, CORRECTIONS, f"{name}.correction.name")
+  try:
+    check_correction(section.correction, f"{name}.correction")
+    mismatch_from_config(section.rollout_mismatch)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   choice(section.augment, AUGMENTERS, f"{name}.augment")
   for term in section.loss_terms.keys():
     choice(term, LOSS_TERMS, f"{name}.loss_terms.{term}")
@@ -182,6 +211,10 @@ def validate(section, name: str) -> None:
   need(0 <= section.eps_low < 1, "eps_low", "must be in [0, 1)")
   need(section.eps_high >= 0, "eps_high", "must be >= 0")
   need(section.dual_clip == 0 or section.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1 (verl uses 3)")
+  need(0 <= section.gamma <= 1, "gamma", "must be in [0, 1]")
+  need(0 <= section.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
+  need(section.critic.value_clip > 0, "critic", "needs critic.value_clip > 0")
+  check_optimizer(section.critic.optimizer, f"{name}.critic.optimizer")
   need(section.kl_beta >= 0, "kl_beta", "must be >= 0")
   need(section.adv_eps >= 0, "adv_eps", "must be >= 0")
   need(section.max_sampling_rounds >= 0, "max_sampling_rounds", "must be >= 0")

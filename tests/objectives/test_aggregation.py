@@ -23,7 +23,7 @@ def test_mode_values_by_hand():
   per_token = jnp.array([[1., 2., 3., 9.], [4., 9., 9., 9.], [9., 9., 9., 9.]])
   mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], bool)  # third row empty: skipped
   expect = {"token-mean": 10 / 4, "seq-mean-token-mean": (2 + 4) / 2, "seq-mean-token-sum": (6 + 4) / 2,
-            "seq-mean-token-sum-norm": 10 / (2 * MAX_LEN)}
+            "seq-mean-token-sum-norm": 10 / (2 * MAX_LEN), "token-sum": 10}
   for mode, value in expect.items():
     np.testing.assert_allclose(_aggregate(per_token, mask, mode, max_len=MAX_LEN), value, rtol=1e-6)
     # Dropping the empty row changes nothing.
@@ -91,3 +91,29 @@ def test_micro_batching_with_global_normalisation_matches_full_batch(mode):
     np.testing.assert_allclose(value, full_value, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(grad, full_grad, rtol=1e-6, atol=1e-7)
   assert not np.isclose(local, full_value, rtol=1e-3)
+
+
+def test_token_sum_is_additive_over_micro_batches_without_global_counts():
+  logp, old_logp, adv, mask = _batch()
+
+  def loss(lp, olp, a, m):
+    per_token, _ = ppo_clip_loss(lp, olp, a, m, eps_high=0.28)
+    return aggregate(per_token, m, "token-sum")
+
+  @jax.jit
+  def values_and_grads(lp):
+    full = jax.value_and_grad(loss)(lp, old_logp, adv, mask)
+    def split(lp, k):
+      micro = [x.reshape(k, -1, *x.shape[1:]) for x in (lp, old_logp, adv, mask)]
+      return jax.vmap(loss)(*micro).sum()
+    return full, [jax.value_and_grad(split)(lp, k) for k in (2, 4, 8)]
+
+  (full_value, full_grad), splits = values_and_grads(logp)
+  per_token, _ = ppo_clip_loss(logp, old_logp, adv, mask, eps_high=0.28)
+  np.testing.assert_allclose(full_value, np.where(mask, per_token, 0.0).sum(), rtol=1e-6)
+  # A plain sum: the gradient on a token is the per-token gradient itself, with no normaliser.
+  g_token = jax.grad(lambda lp: ppo_clip_loss(lp, old_logp, adv, mask, eps_high=0.28)[0].sum())(logp)
+  np.testing.assert_allclose(full_grad, g_token, rtol=1e-6, atol=1e-7)
+  for value, grad in splits:
+    np.testing.assert_allclose(value, full_value, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(grad, full_grad, rtol=1e-6, atol=1e-7)

@@ -12,9 +12,10 @@ from rlkit.objectives import kl_penalty
 
 @pytest.mark.parametrize("registry, names", [
     (ADVANTAGES, ["batch", "group", "none", "rloo"]),
-    (POLICY_LOSSES, ["gspo", "gspo_token", "ppo_clip"]),
-    (KL_ESTIMATORS, ["k1", "k2", "k3"]),
-    (AGGREGATIONS, ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"]),
+    (POLICY_LOSSES, ["cispo", "cispo_trl", "gmpo", "gspo", "gspo_token", "ppo_clip", "sapo"]),
+    (KL_ESTIMATORS, ["abs", "k1", "k1+", "k2", "k3", "k3+"]),
+    (AGGREGATIONS, ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean",
+                    "token-sum"]),
 ])
 def test_unknown_name_lists_valid_names(registry, names):
   assert registry.names() == names

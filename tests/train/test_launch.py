@@ -43,6 +43,10 @@ def _run(workdir, *overrides, timeout=300):
     ("--config.rl.advantage=grop", "choose one of: group,"),
     ("--config.sft.max_len=5", "raise --config.sft.max_len to at least 11"),   # once a grain traceback
     ("--config.tokenizer.kind=hf", "tokenizer.kind='hf' needs tokenizer.path"),
+    ('--config.rl.policy_kwargs={"tau": 1.0}', "policy loss 'ppo_clip' takes no parameter 'tau'"),
+    ("--config.rl.correction.rollout_rs=token_k9", "rl.correction.rollout_rs"),
+    ("--config.rl.rollout_mismatch.noise_kind=gauss", "noise_kind='gauss'"),
+    ("--config.rl.advantage=gea", "choose one of: gae,"),
 ])
 def test_config_error_is_clear_and_writes_nothing(tmp_path, override, needle):
   workdir = tmp_path / "run"
@@ -69,11 +73,17 @@ def test_resuming_with_a_changed_config_names_the_keys_and_stops(tmp_path):
 
 # RL runs longer than the preset so the kill lands mid-stage with several steps left.
 RESUME = ("--config.rl.steps=8", "--config.checkpoint.every=2")
+# Stage state beyond the policy: the critic (its own optimizer) and calibrated IS's mismatch scale, under
+# simulated engine noise (the sampler's noise stream must resume too).
+RESUME_PPO = ("--config.rl.advantage=gae", "--config.rl.correction.name=calibrated",
+              "--config.rl.rollout_mismatch.noise_scale=0.5")
 
 
-def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("extra", [(), RESUME_PPO], ids=["grpo", "ppo_critic_calibrated_is"])
+def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, extra):
   ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
-  code, _, err = _run(str(ref_dir), *RESUME)
+  args = RESUME + extra
+  code, _, err = _run(str(ref_dir), *args)
   assert code == 0, err[-3000:]
   reference = read_metrics(str(ref_dir / "metrics.jsonl"))
   assert (ref_dir / "config.json").exists() and (ref_dir / "metrics.png").exists()
@@ -81,7 +91,7 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path):
   assert any("eval/accuracy" in r and r["stage"] == "rl" for r in reference)
   assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in reference if "eval/accuracy" in r)
 
-  proc = _launch(str(cut_dir), *RESUME)
+  proc = _launch(str(cut_dir), *args)
   target = cut_dir / "checkpoints" / "8"          # 4 SFT steps + 4 of the 8 RL steps
   deadline = time.time() + 300
   while not target.exists() and proc.poll() is None and time.time() < deadline:
@@ -92,7 +102,7 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path):
   partial = read_metrics(str(cut_dir / "metrics.jsonl"))
   assert max(r["step"] for r in partial) < max(r["step"] for r in reference)
 
-  code, _, err = _run(str(cut_dir), *RESUME)
+  code, _, err = _run(str(cut_dir), *args)
   assert code == 0, err[-3000:]
   resumed = read_metrics(str(cut_dir / "metrics.jsonl"))
   assert without_timings(resumed) == without_timings(reference)

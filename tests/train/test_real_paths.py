@@ -175,3 +175,30 @@ def test_readme_python_snippet_runs_outside_the_repository(tmp_path):
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert (tmp_path / "out" / "model.safetensors").exists() and (tmp_path / "out" / "config.json").exists()
+
+
+def _readme_commands() -> list[list[str]]:
+  """Every `python launch.py --config=configs/grpo_arith.py...` command of the README's bash blocks that sets
+  config fields (the recipes), as argv. (The JSONL and HF commands name files of the user's.)"""
+  import re
+  import shlex
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+  commands = []
+  for block in blocks:
+    for line in block.replace("\\\n", " ").splitlines():
+      argv = shlex.split(line, comments=True)
+      if (argv[:2] == ["python", "launch.py"] and argv[2].startswith("--config=configs/grpo_arith.py")
+          and any(a.startswith("--config.") for a in argv)):
+        commands.append(argv[2:])
+  return commands
+
+
+def test_readme_recipes_validate(tmp_path):
+  """Each README recipe (a launch.py command with --config.* overrides), as written, passes validation."""
+  commands = _readme_commands()
+  assert len(commands) >= 8
+  for argv in commands:
+    argv = [a for a in argv if not a.startswith("--workdir=")]
+    code, out, err = _launch(*argv, "--validate_only", f"--workdir={tmp_path / 'run'}")
+    assert code == 0 and "config OK" in out, (argv, err[-2000:])

@@ -163,7 +163,7 @@ class _NoCkpt:
 # RL fields that only the host-side phases and the loop read: two sections that differ only here build the
 # same update step, so `run_stage` reuses the compiled one.
 HOST_ONLY = ("kind", "steps", "prompts_per_step", "group_size", "reward", "advantage", "adv_eps", "filter",
-             "correction", "correction_cap",
+             "correction", "rollout_mismatch", "gamma", "gae_lambda", "whiten_advantages", "critic",
              "max_sampling_rounds", "augment", "overlong_cache", "overlong_factor", "eval_every",
              "max_skipped_updates", "ppo_epochs", "minibatches")
 _STEPS: dict = {}
@@ -308,11 +308,53 @@ def one_iteration(**overrides) -> Run:
 
 # ----------------------------------------------------------------------------------------- no dead flags
 
+# The corrections act on a sampler/trainer mismatch: every correction flip runs with simulated engine noise.
+MISMATCH = {"rollout_mismatch.noise_scale": 1.0}
+GENTLE = {"rollout_mismatch.noise_scale": 0.2}
+CORRECTION_CONTEXT = {
+    "name": MISMATCH,
+    **{k: {**MISMATCH, "correction.name": "rollout_correction"}
+       for k in ("rollout_is", "rollout_rs", "rollout_token_veto_threshold")},
+    **{k: {**MISMATCH, "correction.name": "rollout_correction", "correction.rollout_is": "token"}
+       for k in ("rollout_is_threshold", "rollout_is_batch_normalize")},
+    "rollout_rs_threshold": {**MISMATCH, "correction.name": "rollout_correction", "correction.rollout_rs": "token_k1",
+                             "correction.rollout_rs_threshold": "5.0"},
+    **{k: {**MISMATCH, "correction.name": "icepop"} for k in ("icepop_low", "icepop_high")},
+    # Weaker noise for calibrated IS: at 1.0 every 3-token row has a rejected token, and the whole batch goes.
+    **{k: {**GENTLE, "correction.name": "calibrated"}
+       for k in ("calibrated_tau_hi", "calibrated_tau_lo", "calibrated_sigma_init")},
+    "calibrated_eps": {**GENTLE, "correction.name": "calibrated", "correction.calibrated_sigma_init": 0.001},
+    "calibrated_max_masked_frac": {**GENTLE, "correction.name": "calibrated", "correction.calibrated_tau_lo": 1.0},
+}
+CORRECTION_FLIPS = {
+    "correction.name": {"correction.name": "calibrated"},
+    "correction.rollout_is": {"correction.rollout_is": "token"},
+    "correction.rollout_is_threshold": {"correction.rollout_is_threshold": 1.1},
+    "correction.rollout_is_batch_normalize": {"correction.rollout_is_batch_normalize": True},
+    "correction.rollout_rs": {"correction.rollout_rs": "token_k1", "correction.rollout_rs_threshold": "2.0"},
+    "correction.rollout_rs_threshold": {"correction.rollout_rs_threshold": "1.2"},
+    "correction.rollout_token_veto_threshold": {"correction.rollout_token_veto_threshold": 0.5},
+    "correction.icepop_low": {"correction.icepop_low": 0.9},
+    "correction.icepop_high": {"correction.icepop_high": 1.1},
+    "correction.calibrated_tau_hi": {"correction.calibrated_tau_hi": 0.01},
+    "correction.calibrated_tau_lo": {"correction.calibrated_tau_lo": 0.01},
+    "correction.calibrated_eps": {"correction.calibrated_eps": 0.001},      # tighter bounds: more truncation
+    "correction.calibrated_max_masked_frac": {"correction.calibrated_max_masked_frac": 1.0},  # no row rule
+    "correction.calibrated_sigma_init": {"correction.calibrated_sigma_init": 0.001},
+}
+
 # field -> the flip's overrides; CONTEXT[field]: what the flip needs to act (compared against the context run).
 FLIPS = {
     "steps": {"steps": 2},
-    "correction": {"correction": "tis", "correction_cap": 0.5},   # cap < 1: every weight is the cap
-    "correction_cap": {"correction_cap": 0.5},
+    **CORRECTION_FLIPS,
+    "rollout_mismatch.dtype": {"rollout_mismatch.dtype": "bfloat16"},
+    "rollout_mismatch.noise_scale": {"rollout_mismatch.noise_scale": 1.0},
+    "rollout_mismatch.noise_kind": {"rollout_mismatch.noise_kind": "tail"},
+    "gamma": {"gamma": 0.5},
+    "gae_lambda": {"gae_lambda": 0.5},
+    "whiten_advantages": {"whiten_advantages": False},
+    "critic.value_clip": {"critic.value_clip": 1e-4},
+    "policy_kwargs": {"policy_kwargs": {"tau_pos": 8.0, "tau_neg": 8.0}},
     "prompts_per_step": {"prompts_per_step": 2},
     "group_size": {"group_size": 2},
     "max_new_tokens": {"max_new_tokens": 2},
@@ -346,7 +388,13 @@ FLIPS = {
     "score_roles": {"score_roles": ("teacher",)},
 }
 CONTEXT = {
-    "correction_cap": {"correction": "tis"},
+    **{field: CORRECTION_CONTEXT[field.split(".")[1]] for field in CORRECTION_FLIPS},
+    "rollout_mismatch.noise_kind": MISMATCH,
+    "gamma": {"advantage": "reinforce_pp"},
+    "gae_lambda": {"advantage": "gae"},
+    "whiten_advantages": {"advantage": "gae"},
+    "critic.value_clip": {"advantage": "gae"},     # ppo_epochs=2: the second epoch's values move, and are clipped
+    "policy_kwargs": {"policy_loss": "sapo"},
     # Dual clip caps the loss of negative-advantage tokens whose ratio rose above it; the nll term makes the
     # first epoch raise every sampled token, so the second epoch has such tokens.
     "dual_clip": {"loss_terms": {"test_stages_nll": 0.5}},
@@ -369,14 +417,18 @@ COVERED_ELSEWHERE = {
                       "model: tests/train/test_phases.py::test_routing_replay_*",
     **{f"optimizer.{k}": "test_every_optimizer_field_changes_the_updates" for k in optimizer_defaults()
        if k not in ("lr", "name")},
+    **{f"critic.optimizer.{k}": "test_the_critic_trains_with_its_own_optimizer_section" for k in optimizer_defaults()},
+    "correction.calibrated_sigma_decay": "tests/objectives/test_correction.py (the sigma update over three "
+                                         "batches; its first update is the batch median whatever the decay)",
 }
 # Metrics a flip may change instead of the update (e.g. a reward scale, which group advantages normalise away).
-COMPARED = ("reward", "loss", "entropy", "kl", "sampling_rounds", "response_len", "mismatch/mean", "grad_norm")
+COMPARED = ("reward", "loss", "entropy", "kl", "sampling_rounds", "response_len", "mismatch/mean", "grad_norm",
+            "critic/loss")
 
 
 def _fields(section, prefix=""):
   for key, value in section.items():
-    if isinstance(value, ml_collections.ConfigDict) and key not in ("kwargs", "loss_terms"):
+    if isinstance(value, ml_collections.ConfigDict) and key not in ("kwargs", "loss_terms", "policy_kwargs"):
       yield from _fields(value, f"{prefix}{key}.")
     else:
       yield prefix + key
@@ -402,7 +454,7 @@ def baseline():
 def test_every_rl_stage_switch_changes_the_iteration(baseline, field):
   context = CONTEXT.get(field, {})
   base = one_iteration(**context) if context else baseline
-  run = one_iteration(**context, **FLIPS[field])
+  run = one_iteration(**{**context, **FLIPS[field]})
   if field == "micro_batches":   # the same maths by design: only the memory profile may differ
     np.testing.assert_allclose(run.delta, base.delta, atol=1e-6)
     return
@@ -635,13 +687,29 @@ def test_stage_builds_the_executor_with_both_time_limits(monkeypatch):
 
 
 def test_tis_correction_weights_reach_the_update():
-  run = one_iteration(correction="tis", correction_cap=1.5)
+  run = one_iteration(**{"correction.name": "rollout_correction", "correction.rollout_is": "token",
+                         "correction.rollout_is_threshold": 1.5})
   b = run.batches[0]
   mask = np.asarray(b.loss_mask)
   ratio = np.exp(np.asarray(b.old_logp) - np.asarray(b.rollout_logp))
   np.testing.assert_allclose(np.asarray(b.token_weights)[mask], np.minimum(ratio, 1.5)[mask], rtol=1e-6)
-  assert (np.asarray(b.token_weights)[~mask] == 0).all()
-  assert 0.99 < run.metrics["correction/ess_frac"] <= 1.0 + 1e-6     # on-policy: ratios are 1 up to rounding
+  assert 0.99 < run.metrics["rollout_corr/rollout_is_eff_sample_size"] <= 1.0 + 1e-6   # on-policy: ratios ~ 1
+
+
+def test_rejected_tokens_leave_the_loss_mask_and_its_denominator():
+  """Under engine noise, token rejection (verl token_k1 window [1/1.2, 1.2]) removes exactly the tokens whose
+  ratio is outside it from the loss mask the update sees."""
+  plain = one_iteration(**MISMATCH).batches[0]
+  run = one_iteration(**MISMATCH, **{"correction.name": "rollout_correction", "correction.rollout_rs": "token_k1",
+                                     "correction.rollout_rs_threshold": "1.2"})
+  b = run.batches[0]
+  before = np.asarray(plain.loss_mask)
+  ratio = np.exp(np.asarray(b.old_logp) - np.asarray(b.rollout_logp))
+  inside = (ratio >= 1 / 1.2) & (ratio <= 1.2)
+  np.testing.assert_array_equal(np.asarray(b.loss_mask), before & inside)
+  assert 0 < (before & ~inside).sum() < before.sum()
+  np.testing.assert_allclose(run.metrics["rollout_corr/rollout_rs_masked_fraction"],
+                             (before & ~inside).sum() / before.sum(), rtol=1e-6)
 
 
 def test_kl_reference_is_the_initial_policy_unless_a_reference_role_is_declared(monkeypatch):
@@ -657,3 +725,76 @@ def test_kl_reference_is_the_initial_policy_unless_a_reference_role_is_declared(
     want = make_scorer(MODEL, rl_stage.sampling_config(_config({}), TOK))(teacher.params, batch)
   np.testing.assert_allclose(np.asarray(batch.ref_logp), want, rtol=1e-5, atol=1e-6)
   assert np.abs(np.asarray(batch.ref_logp) - np.asarray(batch.old_logp))[np.asarray(batch.loss_mask)].mean() > 0.1
+
+
+# ------------------------------------------------------------------------------------------ PPO critic
+
+def test_the_critic_trains_with_its_own_optimizer_section(monkeypatch):
+  """advantage=gae trains `state["critic"]` (decoder + value head) with `rl.critic.optimizer`, built by the
+  critic, not the policy's: its lr changes the critic's parameters and leaves the policy's update as it is."""
+  from rlkit.train import critic as critic_module
+  seen = []
+  original = critic_module.make_optimizer
+  monkeypatch.setattr(critic_module, "make_optimizer",
+                      lambda section, total: seen.append(section.to_dict()) or original(section, total))
+  base = run_stage({"advantage": "gae"})
+  other = run_stage({"advantage": "gae", "critic.optimizer.lr": 1e-2, "critic.optimizer.name": "sgd"})
+  assert seen[0] == _config({"advantage": "gae"}).critic.optimizer.to_dict()
+  assert seen[-1]["lr"] == 1e-2 and seen[-1]["name"] == "sgd"
+  init_head = np.zeros(MODEL.cfg.hidden_size)
+  for run in (base, other):
+    assert np.abs(np.asarray(run.state["critic"].params["value_head"]["w"]) - init_head).max() > 0
+    assert int(run.state["critic"].step) == 2                 # ppo_epochs=2 x minibatches=1
+  np.testing.assert_array_equal(base.delta, other.delta)      # the policy's update does not read the critic
+  heads = [np.asarray(r.state["critic"].params["value_head"]["w"]) for r in (base, other)]
+  assert not np.allclose(*heads)
+  assert np.isfinite(base.metrics["critic/loss"]) and "critic/vf_explained_var" in base.metrics
+
+
+def test_gae_on_the_first_iteration_is_the_whitened_reward_to_go():
+  """The value head starts at 0, so the first values are exactly 0 and GAE(gamma=lam=1) is the outcome reward
+  on every response token; the batch's advantages are that, whitened over the loss tokens; returns too."""
+  run = one_iteration(advantage="gae")
+  b = run.batches[0]
+  mask = np.asarray(b.loss_mask)
+  values = np.asarray(b.extras["values"])
+  assert (values == 0).all()
+  rewards = np.array([run.metrics["reward"]])   # (mean only); rebuild per-row rewards from the returns
+  returns = np.asarray(b.extras["returns"])
+  per_row = np.array([r[m][0] if m.any() else 0.0 for r, m in zip(returns, mask)])
+  np.testing.assert_allclose(returns[mask], np.repeat(per_row, mask.sum(1)), rtol=1e-6)
+  np.testing.assert_allclose(per_row.mean(), rewards[0], rtol=1e-5)
+  tok = returns[mask]
+  np.testing.assert_allclose(np.asarray(b.advantages)[mask], (tok - tok.mean()) / np.sqrt(tok.var(ddof=1) + 1e-8),
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_the_critic_role_gives_the_critics_initial_decoder(monkeypatch):
+  """With `models.critic` the critic's decoder starts from that model, not from the policy."""
+  from rlkit.train.critic import build_critic
+  teacher = _roles()["teacher"]
+  cfg = _config({"advantage": "gae"})
+  ctx = Context(config=base_config(), model=MODEL, tokenizer=TOK, task=TASK, train_source=[], eval_records=[],
+                logger=_Log(), checkpointer=_NoCkpt(), key=jax.random.key(1), put_batch=lambda b: b,
+                models={"critic": Model(MODEL, teacher.params, TOK, True)})
+  state = build_critic(ctx, cfg).init(_initial_params())
+  for a, b in zip(jax.tree.leaves(state.params["decoder"]), jax.tree.leaves(teacher.params)):
+    np.testing.assert_array_equal(a, b)
+  small = Transformer(MODEL.cfg.replace(vocab_size=MODEL.cfg.vocab_size - 1))
+  ctx.models = {"critic": Model(small, init_params(small.cfg, jax.random.key(2)), TOK, True)}
+  with pytest.raises(ValueError, match="vocabulary"):
+    build_critic(ctx, cfg)
+
+
+def test_ppo_critic_calibrated_is_and_dynamic_sampling_compose():
+  """PPO with a critic + calibrated IS under simulated engine noise + DAPO dynamic sampling, in one iteration:
+  each piece acts (the critic trains, sigma becomes this batch's median, groups are filtered)."""
+  run = one_iteration(**GENTLE, advantage="gae", filter="dynamic_sampling", **{"correction.name": "calibrated"})
+  m = run.metrics
+  assert m["sampling_rounds"] >= 1 and np.isfinite(m["loss"]) and np.isfinite(m["critic/loss"])
+  assert m["rollout_corr/sigma"] == pytest.approx(0.1)              # calibrated_sigma_init for the first batch
+  state = run.state["correction"]
+  sigma = float(state["sigma_ema"]) / (1 - 0.99 ** int(state["sigma_updates"]))
+  assert sigma == pytest.approx(m["rollout_corr/sigma_batch"], rel=1e-5) and sigma != pytest.approx(0.1)
+  assert m["rollout_corr/rollout_rs_masked_fraction"] < 1 and m["rollout_corr/log_ratio_abs_mean"] > 0.01
+  assert np.abs(run.delta).max() > 0

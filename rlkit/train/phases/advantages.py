@@ -1,25 +1,107 @@
-"""Phase 5, advantages: per-token advantages `[N, R]` from the rewards of each group (registry
-`ADVANTAGES`, config `rl.advantage`; estimators in `rlkit.objectives.advantages`).
+"""Phase 7, advantages: per-token advantages `[N, R]` of the scored batch (config `rl.advantage`).
+
+Two kinds of estimator share the one config key:
+
+  group estimators  `rlkit.objectives.ADVANTAGES` (group, batch, none, rloo): one number per row from its
+                    group's rewards, broadcast over the row's response positions
+  token estimators  `TOKEN_ESTIMATORS` below: read the scored `TrainBatch` (loss mask, the critic's values)
+                    and give a number per token
+                    gae                    PPO with a critic: GAE(gamma, lambda) on the outcome reward placed
+                                           on each row's last token; returns go to extras["returns"] for the
+                                           critic's loss; optional whitening over the batch (verl always)
+                    reinforce_pp           REINFORCE++: discounted reward-to-go whitened over the batch
+                    reinforce_pp_baseline  REINFORCE++-baseline: reward minus its group's mean, whitened over
+                                           the batch's tokens
 
 Groups are `capacity` contiguous rows. When augmenters left padding rows (`valid` False), each group's
 statistics are taken over its valid rows only and padding rows get advantage 0; with every row valid the
-estimator runs unmasked, exactly as on a plain GRPO batch.
+estimator runs unmasked, exactly as on a plain GRPO batch. Token estimators see padding rows as rows with an
+all-False loss mask, which every masked statistic skips.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
 import numpy as np
 
-from rlkit.objectives import group_advantages
+from rlkit.core.registry import Registry
+from rlkit.core.types import TrainBatch
+from rlkit.objectives import ADVANTAGES, group_advantages
+from rlkit.objectives.returns import (gae, masked_whiten, outcome_token_rewards, reinforce_pp_advantages,
+                                      reinforce_pp_baseline_advantages)
+
+
+class TokenEstimator(NamedTuple):
+  fn: Callable            # (rewards [N] float32, batch: TrainBatch, cfg, capacity, valid) -> (adv [N, R], extras)
+  needs_values: bool      # True: the batch must carry the critic's extras["values"]
+
+
+TOKEN_ESTIMATORS: Registry[TokenEstimator] = Registry("token advantage estimator")
 
 
 def token_advantages(name: str, rewards: np.ndarray, capacity: int, response_len: int, eps: float,
                      valid: Optional[np.ndarray] = None) -> jnp.ndarray:
-  """[N] rewards -> [N, R] float32 advantages (each row's advantage on every response position)."""
+  """A group estimator's [N] rewards -> [N, R] float32 advantages (each row's on every response position)."""
   r = jnp.asarray(rewards, jnp.float32)
   if valid is not None and np.all(valid):
     valid = None
   adv = group_advantages(name, r, capacity, eps, valid=None if valid is None else jnp.asarray(valid))
   return jnp.broadcast_to(adv[:, None], (adv.shape[0], response_len))
+
+
+def _gae(rewards, batch: TrainBatch, cfg, capacity, valid):
+  del capacity, valid
+  mask = batch.loss_mask
+  adv, returns = gae(outcome_token_rewards(rewards, mask), batch.extras["values"], mask, cfg.gamma,
+                     cfg.gae_lambda)
+  if cfg.whiten_advantages:
+    adv = masked_whiten(adv, mask)
+  return adv, {"returns": returns}
+
+
+def _reinforce_pp(rewards, batch: TrainBatch, cfg, capacity, valid):
+  del capacity, valid
+  mask = batch.loss_mask
+  return reinforce_pp_advantages(outcome_token_rewards(rewards, mask), mask, cfg.gamma), {}
+
+
+def _reinforce_pp_baseline(rewards, batch: TrainBatch, cfg, capacity, valid):
+  return reinforce_pp_baseline_advantages(rewards, batch.loss_mask, capacity, valid), {}
+
+
+TOKEN_ESTIMATORS.add("gae", TokenEstimator(_gae, needs_values=True))
+TOKEN_ESTIMATORS.add("reinforce_pp", TokenEstimator(_reinforce_pp, needs_values=False))
+TOKEN_ESTIMATORS.add("reinforce_pp_baseline", TokenEstimator(_reinforce_pp_baseline, needs_values=False))
+
+
+def all_estimators() -> Registry:
+  """Every name `rl.advantage` accepts (group and token estimators), for validation and error messages."""
+  every = Registry("advantage estimator")
+  for reg in (ADVANTAGES, TOKEN_ESTIMATORS):
+    for name in reg:
+      every.add(name, reg.get(name))
+  return every
+
+
+def needs_values(name: str) -> bool:
+  return name in TOKEN_ESTIMATORS and TOKEN_ESTIMATORS.get(name).needs_values
+
+
+def with_advantages(batch: TrainBatch, rewards: np.ndarray, cfg, capacity: int, put_batch: Callable[[dict], dict],
+                    valid: Optional[np.ndarray] = None) -> TrainBatch:
+  """The batch with `advantages` [N, R] from `cfg.advantage` (and any extras the estimator adds).
+
+  `rewards` and `valid` are this process's rows: a group estimator runs on them (groups never span
+  processes); a token estimator runs on the global arrays, so its batch statistics (whitening) are global.
+  """
+  if cfg.advantage not in TOKEN_ESTIMATORS:
+    adv = token_advantages(cfg.advantage, rewards, capacity, batch.response_len, cfg.adv_eps, valid)
+    return batch.replace(advantages=put_batch({"advantages": np.asarray(adv)})["advantages"])
+  host = {"rewards": np.asarray(rewards, np.float32)}
+  if valid is not None and not np.all(valid):
+    host["valid"] = np.asarray(valid, bool)
+  dev = put_batch(host)
+  adv, extras = TOKEN_ESTIMATORS.get(cfg.advantage).fn(dev["rewards"], batch, cfg, capacity, dev.get("valid"))
+  return batch.replace(advantages=jnp.where(batch.loss_mask, adv, 0.0).astype(jnp.float32),
+                       extras=dict(batch.extras, **extras))

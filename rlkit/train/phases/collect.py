@@ -47,15 +47,17 @@ class Samples:
 
 
 def collect(model, params, batch: dict, key: jax.Array, sampling: SamplingConfig, group_size: int,
-            put_batch: Callable[[dict], dict], first_group_id: int = 0) -> Samples:
+            put_batch: Callable[[dict], dict], first_group_id: int = 0, perturb=None) -> Samples:
   """Samples `group_size` completions for every prompt of `batch` (a `prompt_batch` dict of this process's
-  prompts). Group ids are `first_group_id + prompt index`, so ids stay unique across sampling rounds."""
+  prompts). Group ids are `first_group_id + prompt index`, so ids stay unique across sampling rounds.
+  `model` and `perturb` are the sampler's (`rlkit.rollout.mismatch`: a simulated inference engine)."""
   n_prompts = len(batch["answer"])
   rep = np.repeat(np.arange(n_prompts), group_size)
   offset = first_group_id + jax.process_index() * n_prompts
   dev = put_batch({"prompt": batch["prompt_tokens"][rep], "mask": batch["prompt_mask"][rep],
                    "group_ids": (offset + rep).astype(np.int32)})
-  rollout = generate(model, params, dev["prompt"], dev["mask"], key, sampling, group_ids=dev["group_ids"])
+  rollout = generate(model, params, dev["prompt"], dev["mask"], key, sampling, group_ids=dev["group_ids"],
+                     perturb=perturb)
   examples = [{"prompt": batch["prompt"][i], "answer": batch["answer"][i],
                "demonstration": batch["demonstration"][i],
                "fields": batch["fields"][i] if "fields" in batch else {}} for i in range(n_prompts)]

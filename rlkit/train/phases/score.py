@@ -1,4 +1,4 @@
-"""Phase 6, score: the trainer's log-probs of every row's response, by the one scorer
+"""Phase 5, score: the trainer's log-probs of every row's response, by the one scorer
 (`rlkit.rollout.scoring`), and the `TrainBatch` the update consumes.
 
   old_logp      the policy before this iteration's updates (the PPO ratio's denominator)
@@ -25,17 +25,21 @@ from rlkit.train.phases.collect import Samples
 
 def train_batch(samples: Samples, advantages, put_batch: Callable[[dict], dict],
                 token_weights: Optional[jax.Array] = None) -> TrainBatch:
-  """The update's batch from the selected, augmented rows (old/ref log-probs still zero: see `score`)."""
+  """The update's batch from the selected, augmented rows (old/ref log-probs still zero: see `score`;
+  `advantages` [n, R] host-side, or None: zeros, filled in by the advantage phase after scoring)."""
   ro = samples.rollout
-  # This process's rows -> global arrays, sharded like the rollout (`advantages` [n, R] are host-side).
-  host = put_batch({"row_source": samples.row_source.astype(np.int32), "valid": samples.valid,
-                    "advantages": np.asarray(advantages, np.float32)})
+  # This process's rows -> global arrays, sharded like the rollout.
+  host = {"row_source": samples.row_source.astype(np.int32), "valid": samples.valid}
+  if advantages is not None:
+    host["advantages"] = np.asarray(advantages, np.float32)
+  host = put_batch(host)
   valid = host["valid"][:, None]
   loss_mask = ro.response_mask & valid
   attention_mask = ro.attention_mask & valid
   zeros = jnp.zeros_like(ro.logprobs)
   return TrainBatch(tokens=ro.tokens, attention_mask=attention_mask, loss_mask=loss_mask, old_logp=zeros,
-                    rollout_logp=jnp.where(loss_mask, ro.logprobs, 0.0), advantages=host["advantages"],
+                    rollout_logp=jnp.where(loss_mask, ro.logprobs, 0.0),
+                    advantages=host["advantages"] if advantages is not None else zeros,
                     token_weights=jnp.ones_like(zeros) if token_weights is None else token_weights,
                     group_ids=ro.group_ids, row_source=host["row_source"], extras=dict(ro.extras))
 

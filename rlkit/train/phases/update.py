@@ -1,4 +1,4 @@
-"""Phase 7, update: `epochs` passes over the iteration's rows, each split into `minibatches` shuffled
+"""Phase 8, update: `epochs` passes over the iteration's rows, each split into `minibatches` shuffled
 optimizer steps of the jitted step; metrics combined by their declared reductions (`Metric.reduce`).
 """
 from __future__ import annotations
