@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from rlkit.core.registry import Registry
-from rlkit.core.types import Metric
+from rlkit.core.types import ROW_SOURCE, ROW_SOURCES, Metric
 from rlkit.objectives.entropy import token_entropy
 from rlkit.objectives.kl import kl_penalty
 from rlkit.objectives.policy_losses import POLICY_LOSSES
@@ -63,15 +63,22 @@ def token_mean(x: Array, mask: Array, step_inputs: dict) -> Metric:
 @LOSS_TERMS.register("policy")
 def policy_term(cfg) -> LossTerm:
   """`POLICY_LOSSES[cfg.policy_loss]` on (logp, old_logp, advantages) with the configured clip ranges and
-  the loss's own parameters `cfg.policy_kwargs` (e.g. SAPO's temperatures)."""
+  the loss's own parameters `cfg.policy_kwargs` (e.g. SAPO's temperatures), on the rows whose source is in
+  `cfg.surrogate_rows` (default: every row)."""
   loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
   clip = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, **dict(cfg.get("policy_kwargs", {})))
   if cfg.dual_clip:
     clip["dual_clip"] = cfg.dual_clip
 
+  rows = set(cfg.get("surrogate_rows", ROW_SOURCES))
+  sources = [ROW_SOURCE[s] for s in sorted(rows)]
+  every = rows >= set(ROW_SOURCES) - {"padding"}      # padding rows have an all-False loss mask anyway
+
   def term(logp, logits, batch, step_inputs):
     del logits
     mask = batch.loss_mask
+    if not every:                            # e.g. OnePO: teacher rows are trained by their own term
+      mask = mask & jnp.isin(batch.row_source, jnp.asarray(sources))[:, None]
     per_tok, m = loss_fn(logp, batch.old_logp, batch.advantages, mask, **clip)
     # The loss reports masked means over its own rows; scaled by the slice's token count they become shares
     # of the full batch's mean.

@@ -16,6 +16,7 @@ from rlkit.core.registry import closest_first
 from rlkit.objectives.correction import correction_defaults
 from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES, optimizer_defaults
 from rlkit.rollout.mismatch import mismatch_defaults
+from rlkit.train.onepo import onepo_defaults
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -108,7 +109,9 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.filter = "none"             # group filter (registry FILTERS): none | dynamic_sampling (DAPO: drop
                                 # zero-variance groups and sample more prompts to refill)
   c.max_sampling_rounds = 4     # cap on extra sampling rounds of a filter that asks for more
-  c.augment = "none"            # rows added to each group (registry AUGMENTERS): none | demonstration
+  c.augment = "none"            # rows added to each group (registry AUGMENTERS): none | demonstration | onepo
+  c.onepo = onepo_defaults()    # OnePO's guidance (augment=onepo, advantage=mixed_group, shaped_offpolicy)
+  c.surrogate_rows = ("policy", "teacher", "peer")   # row sources the clipped surrogate trains on
   c.replay_routing = False      # MoE: the trainer reuses the sampler's expert choices (scoring and update)
   c.score_roles = ()            # models (config.models roles) whose log-probs of the responses the loss terms
                                 # read, as TrainBatch.extras["<role>_logp"] (e.g. a teacher for distillation)
@@ -314,6 +317,11 @@ def _check_models(config) -> None:
       if role not in config.models:
         raise ConfigError(f"{name}.score_roles names {role!r}, but config.models has no such role (roles: "
                           f"{', '.join(config.models.keys()) or 'none'}).")
+  for name in config.stages:
+    teacher = config[name].get("onepo", {}).get("teacher", "demonstration")
+    if config[name].get("augment") == "onepo" and teacher != "demonstration" and teacher not in config.models:
+      raise ConfigError(f"{name}.onepo.teacher={teacher!r} is neither 'demonstration' nor a role of config.models "
+                        f"(roles: {', '.join(config.models.keys()) or 'none'}).")
   if not config.models.keys():
     return
   from rlkit.train.models import role_model_defaults

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlkit.core.types import ROW_SOURCE
+from rlkit.core.types import ROW_SOURCE, ROW_SOURCES
 from rlkit.data.pipeline import make_iterator
 from rlkit.objectives.correction import CORRECTIONS
 from rlkit.objectives.correction import check as check_correction
@@ -34,6 +34,7 @@ from rlkit.rollout.mismatch import sampling_model
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import make_scorer
 from rlkit.train.config import ConfigError, rl_defaults
+from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
 from rlkit.train.critic import build_critic
 from rlkit.train.phases.advantages import with_advantages
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, build_augmenter
@@ -102,7 +103,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
                      ctx.config.data.max_prompt_len, process_index=jax.process_index(),
                      process_count=jax.process_count())
 
-  def iteration(state, batch, key, iterator):
+  def iteration(state, batch, key, iterator, step):
     train = state["train"]
     t0 = time.perf_counter()
     parts, outputs, rounds = [], [], 0
@@ -120,7 +121,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     samples, rewards = samples.take(rows), take(rewards, rows)
     lengths = host_rows(samples.rollout.lengths)            # the policy's rows, before any augmentation
     metrics = policy_metrics(rewards, lengths, group)
-    samples, rewards = augmenter(samples, rewards, jax.random.fold_in(key, 5_000))
+    samples, rewards = augmenter(samples, rewards, jax.random.fold_in(key, 5_000), step)
     sample_s = time.perf_counter() - t0
 
     t1 = time.perf_counter()
@@ -215,6 +216,11 @@ def validate(section, name: str) -> None:
   need(0 <= section.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
   need(section.critic.value_clip > 0, "critic", "needs critic.value_clip > 0")
   check_optimizer(section.critic.optimizer, f"{name}.critic.optimizer")
+  o = section.onepo
+  need(o.teacher_rows >= 1 and o.anneal_steps >= 0 and o.alpha0 >= 0 and o.gamma > 0 and 0 <= o.max_accuracy <= 1,
+       "onepo", "needs teacher_rows >= 1, anneal_steps >= 0, alpha0 >= 0, gamma > 0, 0 <= max_accuracy <= 1")
+  bad = [s for s in section.surrogate_rows if s not in ROW_SOURCE]
+  need(not bad and len(section.surrogate_rows) > 0, "surrogate_rows", f"must name row sources of {ROW_SOURCES}")
   need(section.kl_beta >= 0, "kl_beta", "must be >= 0")
   need(section.adv_eps >= 0, "adv_eps", "must be >= 0")
   need(section.max_sampling_rounds >= 0, "max_sampling_rounds", "must be >= 0")

@@ -27,8 +27,8 @@ def _run(ctx, cfg, state, start: int, meta: dict):
                          ctx.tokenizer, cfg.max_len, process_index=jax.process_index(),
                          process_count=jax.process_count())
 
-  def iteration(state, batch, key, iterator):
-    del key, iterator
+  def iteration(state, batch, key, iterator, step):
+    del key, iterator, step
     train, m = step_fn(state["train"], ctx.put_batch(numeric(batch)), {})
     skipped = [int(jax.device_get(m["skipped_updates"].value))]
     return {"train": train}, dict(reduce_over_steps(m, 1), tokens=int(np.sum(batch["attention_mask"]))), skipped

@@ -107,7 +107,8 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
          stop_at_loss: float = 0.0):
   """Shared stage loop: iterate, log, evaluate and checkpoint by global step; resume from `start`.
 
-  `iteration(state, batch, key, iterator) -> (state, metrics, skipped)` with `skipped` the per-update-step
+  `iteration(state, batch, key, iterator, step) -> (state, metrics, skipped)` (`step` the stage step, from 0)
+  with `skipped` the per-update-step
   non-finite flags. With `stop_at_loss > 0` the stage ends once the moving average of its training loss
   falls below it. The average and the run of skipped steps are part of the checkpoint metadata, so a
   resumed stage behaves exactly as an uninterrupted one.
@@ -123,7 +124,7 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
   key = stage_key(ctx, index)
   for step in range(start, cfg.steps):
     t0 = time.perf_counter()
-    state, metrics, skipped = iteration(state, next(iterator), jax.random.fold_in(key, step), iterator)
+    state, metrics, skipped = iteration(state, next(iterator), jax.random.fold_in(key, step), iterator, step)
     for flag in skipped:
       skipped_run = skipped_run + 1 if flag else 0
     if cfg.max_skipped_updates and skipped_run >= cfg.max_skipped_updates:

@@ -104,8 +104,8 @@ def _pad_augmenter(cfg, env):
   group's advantage, the loss and the gradient if anything used them."""
   group_size = cfg.group_size
 
-  def add(samples, rewards, key):
-    del key
+  def add(samples, rewards, key, step):
+    del key, step
     first = np.arange(0, len(samples), group_size)
     base = samples.take(first)
     ro = base.rollout
@@ -311,6 +311,9 @@ def one_iteration(**overrides) -> Run:
 # The corrections act on a sampler/trainer mismatch: every correction flip runs with simulated engine noise.
 MISMATCH = {"rollout_mismatch.noise_scale": 1.0}
 GENTLE = {"rollout_mismatch.noise_scale": 0.2}
+# OnePO's recipe with guidance on (the test reward's even-prompt groups are all-fail: they are guided).
+ONEPO = {"augment": "onepo", "onepo.anneal_steps": 4, "advantage": "mixed_group",
+         "loss_terms": {"shaped_offpolicy": 1.0}, "surrogate_rows": ("policy",)}
 CORRECTION_CONTEXT = {
     "name": MISMATCH,
     **{k: {**MISMATCH, "correction.name": "rollout_correction"}
@@ -355,6 +358,13 @@ FLIPS = {
     "whiten_advantages": {"whiten_advantages": False},
     "critic.value_clip": {"critic.value_clip": 1e-4},
     "policy_kwargs": {"policy_kwargs": {"tau_pos": 8.0, "tau_neg": 8.0}},
+    "onepo.anneal_steps": {"onepo.anneal_steps": 4},
+    "onepo.teacher_rows": {"onepo.teacher_rows": 2},
+    "onepo.alpha0": {"onepo.alpha0": 0.3},
+    "onepo.max_accuracy": {"onepo.max_accuracy": 1.0},
+    "onepo.teacher_in_baseline": {"onepo.teacher_in_baseline": False},
+    "onepo.gamma": {"onepo.gamma": 1.0},
+    "surrogate_rows": {"surrogate_rows": ("policy",)},
     "prompts_per_step": {"prompts_per_step": 2},
     "group_size": {"group_size": 2},
     "max_new_tokens": {"max_new_tokens": 2},
@@ -395,6 +405,12 @@ CONTEXT = {
     "whiten_advantages": {"advantage": "gae"},
     "critic.value_clip": {"advantage": "gae"},     # ppo_epochs=2: the second epoch's values move, and are clipped
     "policy_kwargs": {"policy_loss": "sapo"},
+    **{f"onepo.{k}": ONEPO for k in ("teacher_rows", "max_accuracy")},
+    # The test reward is 0 on every even-prompt row, teacher rows included: guiding every group (accuracy <= 1)
+    # gives teacher rows in groups with reward variance, where their advantages (and loss) are not 0.
+    **{f"onepo.{k}": {**ONEPO, "onepo.max_accuracy": 1.0} for k in ("alpha0", "teacher_in_baseline", "gamma")},
+    "onepo.anneal_steps": {"augment": "onepo"},
+    "surrogate_rows": {"augment": "demonstration"},
     # Dual clip caps the loss of negative-advantage tokens whose ratio rose above it; the nll term makes the
     # first epoch raise every sampled token, so the second epoch has such tokens.
     "dual_clip": {"loss_terms": {"test_stages_nll": 0.5}},
@@ -418,6 +434,7 @@ COVERED_ELSEWHERE = {
     **{f"optimizer.{k}": "test_every_optimizer_field_changes_the_updates" for k in optimizer_defaults()
        if k not in ("lr", "name")},
     **{f"critic.optimizer.{k}": "test_the_critic_trains_with_its_own_optimizer_section" for k in optimizer_defaults()},
+    "onepo.teacher": "test_onepo_teacher_rows_join_guided_groups_only (a model teacher)",
     "correction.calibrated_sigma_decay": "tests/objectives/test_correction.py (the sigma update over three "
                                          "batches; its first update is the batch median whatever the decay)",
 }
@@ -798,3 +815,34 @@ def test_ppo_critic_calibrated_is_and_dynamic_sampling_compose():
   assert sigma == pytest.approx(m["rollout_corr/sigma_batch"], rel=1e-5) and sigma != pytest.approx(0.1)
   assert m["rollout_corr/rollout_rs_masked_fraction"] < 1 and m["rollout_corr/log_ratio_abs_mean"] > 0.01
   assert np.abs(run.delta).max() > 0
+
+
+# ---------------------------------------------------------------------------------------------------- OnePO
+
+def test_onepo_with_an_anneal_length_of_zero_is_plain_grpo_exactly():
+  recipe = {**ONEPO, "onepo.anneal_steps": 0, "steps": 2}
+  onepo, grpo = run_stage(recipe), run_stage({"steps": 2})
+  np.testing.assert_array_equal(onepo.delta, grpo.delta)
+  assert [r["loss"] for r in onepo.rows] == [r["loss"] for r in grpo.rows]
+
+
+def test_onepo_teacher_rows_join_guided_groups_only(monkeypatch):
+  """Teacher rows are real only in all-fail groups, weighted alpha(t) = 1 - t/4; the shaped term trains them
+  and the surrogate does not. A model teacher (a config.models role) answers with its own samples."""
+  run = run_stage({**ONEPO, "steps": 2})
+  for step, b in enumerate(run.batches):
+    source, valid = np.asarray(b.row_source), np.asarray(b.loss_mask).any(1)
+    teacher = source == ROW_SOURCE["teacher"]
+    groups = source.reshape(PROMPTS, GROUP + 1)
+    assert teacher.sum() == run.rows[step]["rows/teacher"] > 0
+    assert ((groups == ROW_SOURCE["teacher"]) | (groups == ROW_SOURCE["padding"]))[:, -1].all()
+    assert (groups[:, :GROUP] == ROW_SOURCE["policy"]).all()
+    np.testing.assert_allclose(np.asarray(b.token_weights)[teacher & valid], 1.0 - step / 4, rtol=1e-6)
+    assert not np.asarray(b.loss_mask)[source == ROW_SOURCE["padding"]].any()     # unguided groups' rows
+  assert run.rows[0]["shaped/teacher_tokens"] > 0
+  teacher = _roles()["teacher"]
+  monkeypatch.setattr(sys.modules[__name__], "_roles", lambda: {"tutor": teacher})
+  b = run_stage({**ONEPO, "onepo.teacher": "tutor"}).batches[0]
+  rows = np.asarray(b.row_source) == ROW_SOURCE["teacher"]
+  demo = one_iteration(**ONEPO).batches[0]
+  assert not np.array_equal(np.asarray(b.tokens)[rows], np.asarray(demo.tokens)[rows])

@@ -6,7 +6,7 @@ to each group (static, so shapes stay fixed and config validation can check that
 `make(cfg, env) -> Augmenter` builds it once per stage, where `env` is an `AugmentEnv` (the stage's
 tokenizer, reward function, config, `put_batch` and models by role). It is called as
 
-  augmenter(samples, rewards, key) -> (samples, rewards)
+  augmenter(samples, rewards, key, step) -> (samples, rewards)          (step: the stage step, from 0)
 
 on `group_size`-row groups laid out contiguously; it returns groups of `group_size + extra_rows` rows, the new
 rows carrying their `row_source` and rewards. A group may get fewer real rows than `extra_rows`: the rest are
@@ -44,10 +44,10 @@ class AugmentEnv:
 @dataclasses.dataclass
 class Augmenter:
   extra_rows: int
-  fn: Optional[Callable] = None             # (samples, rewards, key) -> (samples, rewards); None: identity
+  fn: Optional[Callable] = None             # (samples, rewards, key, step) -> (samples, rewards); None: identity
 
-  def __call__(self, samples: Samples, rewards: RewardOutput, key) -> tuple[Samples, RewardOutput]:
-    return (samples, rewards) if self.fn is None else self.fn(samples, rewards, key)
+  def __call__(self, samples: Samples, rewards: RewardOutput, key, step: int = 0) -> tuple[Samples, RewardOutput]:
+    return (samples, rewards) if self.fn is None else self.fn(samples, rewards, key, step)
 
 
 class AugmenterSpec(NamedTuple):
@@ -95,8 +95,8 @@ def demonstration_augmenter(cfg, env: AugmentEnv) -> Augmenter:
   """One `teacher` row per group with the example's demonstration (the SFT target) as the response."""
   group_size, width, tok = cfg.group_size, cfg.max_new_tokens, env.tokenizer
 
-  def add(samples: Samples, rewards: RewardOutput, key):
-    del key
+  def add(samples: Samples, rewards: RewardOutput, key, step):
+    del key, step
     first = np.arange(0, len(samples), group_size)          # one row per group carries the example
     base = samples.take(first)
     texts = [e["demonstration"] for e in base.examples]

@@ -10,7 +10,7 @@ Multi-host: the rollout's arrays are global; the host lists hold this process's 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -28,22 +28,27 @@ class Samples:
   examples: list                # [n] dicts: prompt, answer, demonstration, fields (the example's extras)
   row_source: np.ndarray        # [n] int32 index into ROW_SOURCES
   valid: np.ndarray             # [n] bool; False on padding rows (all masks False)
+  weight: Optional[np.ndarray] = None   # [n] float32 loss weight of each row (TrainBatch.token_weights); None: 1
 
   def __len__(self) -> int:
     return len(self.examples)
 
+  def weights(self) -> np.ndarray:
+    return np.ones(len(self), np.float32) if self.weight is None else self.weight
+
   def take(self, rows: np.ndarray) -> "Samples":
     rows = np.asarray(rows, np.int64)
     return Samples(take_rows(self.rollout, rows, len(self)), [self.examples[i] for i in rows],
-                   self.row_source[rows], self.valid[rows])
+                   self.row_source[rows], self.valid[rows], None if self.weight is None else self.weight[rows])
 
   @staticmethod
   def concat(parts: Sequence["Samples"]) -> "Samples":
     if len(parts) == 1:
       return parts[0]
     rollout = concat_rows([p.rollout for p in parts], [len(p) for p in parts])
+    weight = None if all(p.weight is None for p in parts) else np.concatenate([p.weights() for p in parts])
     return Samples(rollout, [x for p in parts for x in p.examples],
-                   np.concatenate([p.row_source for p in parts]), np.concatenate([p.valid for p in parts]))
+                   np.concatenate([p.row_source for p in parts]), np.concatenate([p.valid for p in parts]), weight)
 
 
 def collect(model, params, batch: dict, key: jax.Array, sampling: SamplingConfig, group_size: int,

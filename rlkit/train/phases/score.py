@@ -26,10 +26,13 @@ from rlkit.train.phases.collect import Samples
 def train_batch(samples: Samples, advantages, put_batch: Callable[[dict], dict],
                 token_weights: Optional[jax.Array] = None) -> TrainBatch:
   """The update's batch from the selected, augmented rows (old/ref log-probs still zero: see `score`;
-  `advantages` [n, R] host-side, or None: zeros, filled in by the advantage phase after scoring)."""
+  `advantages` [n, R] host-side, or None: zeros, filled in by the advantage phase after scoring). Token
+  weights: `token_weights`, else each row's `samples.weight` on all its positions, else ones."""
   ro = samples.rollout
   # This process's rows -> global arrays, sharded like the rollout.
   host = {"row_source": samples.row_source.astype(np.int32), "valid": samples.valid}
+  if samples.weight is not None and token_weights is None:
+    host["weight"] = samples.weight.astype(np.float32)
   if advantages is not None:
     host["advantages"] = np.asarray(advantages, np.float32)
   host = put_batch(host)
@@ -40,7 +43,9 @@ def train_batch(samples: Samples, advantages, put_batch: Callable[[dict], dict],
   return TrainBatch(tokens=ro.tokens, attention_mask=attention_mask, loss_mask=loss_mask, old_logp=zeros,
                     rollout_logp=jnp.where(loss_mask, ro.logprobs, 0.0),
                     advantages=host["advantages"] if advantages is not None else zeros,
-                    token_weights=jnp.ones_like(zeros) if token_weights is None else token_weights,
+                    token_weights=(token_weights if token_weights is not None else
+                                   jnp.broadcast_to(host["weight"][:, None], zeros.shape) if "weight" in host
+                                   else jnp.ones_like(zeros)),
                     group_ids=ro.group_ids, row_source=host["row_source"], extras=dict(ro.extras))
 
 
