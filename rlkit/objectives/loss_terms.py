@@ -44,6 +44,24 @@ LOSS_TERMS: Registry[Callable[[Any], LossTerm]] = Registry("loss term")
 SFT_ONLY_TERMS = ("nll",)
 
 
+def policy_loss_error(name: str, eps_low: float, eps_high: float, dual_clip: float, kwargs: dict) -> str:
+  """'' if `POLICY_LOSSES[name]` accepts these settings, else its own message: each loss checks its ranges
+  (CISPO takes eps_low >= 1 to switch its lower clip off, PPO needs eps_low < 1, SAPO refuses a dual clip),
+  so the config is validated by calling the loss once on a one-token batch."""
+  error = policy_kwargs_error(name, kwargs)
+  if error:
+    return error
+  one = jnp.zeros((1, 1), jnp.float32)
+  clip = dict(eps_low=eps_low, eps_high=eps_high, **kwargs)
+  if dual_clip:
+    clip["dual_clip"] = dual_clip
+  try:
+    POLICY_LOSSES.get(name)(one, one, one, jnp.ones((1, 1), bool), **clip)
+  except (TypeError, ValueError) as e:
+    return f"policy loss {name!r}: {e}"
+  return ""
+
+
 def policy_kwargs_error(name: str, kwargs: dict) -> str:
   """'' if `POLICY_LOSSES[name]` takes every key of `kwargs`, else a message naming the ones it does not."""
   params = inspect.signature(POLICY_LOSSES.get(name)).parameters

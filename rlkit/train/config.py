@@ -318,6 +318,12 @@ def _check_models(config) -> None:
         raise ConfigError(f"{name}.score_roles names {role!r}, but config.models has no such role (roles: "
                           f"{', '.join(config.models.keys()) or 'none'}).")
   for name in config.stages:
+    if config[name].get("kind") == "graft":
+      peer = config[name].get("graft", {}).get("peer", "peer")
+      if peer not in config.models or not config.models[peer].trainable:
+        raise ConfigError(f"{name}.graft.peer={peer!r}: the graft stage trains a peer policy beside the model; "
+                          f"declare it as config.models.{peer} with trainable=True (e.g. another size or a "
+                          "checkpoint with other pre-training, same tokenizer).")
     teacher = config[name].get("onepo", {}).get("teacher", "demonstration")
     if config[name].get("augment") == "onepo" and teacher != "demonstration" and teacher not in config.models:
       raise ConfigError(f"{name}.onepo.teacher={teacher!r} is neither 'demonstration' nor a role of config.models "
@@ -329,9 +335,10 @@ def _check_models(config) -> None:
     section = config.models[role]
     _check_section(section, role_model_defaults(), f"models.{role}")
     _check_path(section.path, f"models.{role}.path")
-    if section.trainable and role != "critic":
+    peers = {config[n].get("graft", {}).get("peer") for n in config.stages if config[n].get("kind") == "graft"}
+    if section.trainable and role != "critic" and role not in peers:
       raise ConfigError(f"models.{role}.trainable=True: of the roles only `critic` (the value model of "
-                        "rl.advantage='gae') is trained so far; set it to False.")
+                        "rl.advantage='gae') and a graft stage's graft.peer are trained; set it to False.")
     if role == "critic" and not section.trainable:
       raise ConfigError("models.critic is the value model that rl.advantage='gae' trains (from these weights); "
                         "set models.critic.trainable=True.")

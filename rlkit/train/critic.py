@@ -107,14 +107,15 @@ class _NoCritic:
 NO_CRITIC = _NoCritic()
 
 
-def build_critic(ctx, cfg):
-  """The stage's `Critic` if its advantage estimator reads values (`rl.advantage = "gae"`), else NO_CRITIC."""
+def build_critic(ctx, cfg, module: Optional[Transformer] = None):
+  """The stage's `Critic` if its advantage estimator reads values (`rl.advantage = "gae"`), else NO_CRITIC.
+  `module`: the critic of another policy than the stage's (GRAFT's peer), started from that policy."""
   from rlkit.train.phases.advantages import needs_values
   if not needs_values(cfg.advantage):
     return NO_CRITIC
   role = ctx.models.get("critic")
-  if role is None:
-    return Critic(ctx.model, cfg)
+  if module is not None or role is None:
+    return Critic(ctx.model if module is None else module, cfg)
   if role.module.cfg.vocab_size != ctx.model.cfg.vocab_size:
     raise ConfigError(f"models.critic has a vocabulary of {role.module.cfg.vocab_size}, the policy "
                       f"{ctx.model.cfg.vocab_size}: the critic reads the policy's tokens, so it needs the policy's "

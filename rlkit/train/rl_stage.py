@@ -53,10 +53,16 @@ def _total_updates(cfg) -> int:
 
 
 def _init(ctx, cfg, params):
+  return init_policy_state(ctx, cfg, params)
+
+
+def init_policy_state(ctx, cfg, params, module=None, own_reference: bool = False) -> dict:
+  """One policy's slice of the stage state: `train`, and as configured `ref_params` (its initial parameters:
+  kl_beta > 0 without a `models.reference`, or `own_reference`), `critic`, `correction`."""
   state = {"train": init_train_state(params, make_optimizer(cfg.optimizer, _total_updates(cfg)))}
-  if cfg.kl_beta > 0 and "reference" not in ctx.models:   # the reference defaults to the initial policy
+  if cfg.kl_beta > 0 and ("reference" not in ctx.models or own_reference):
     state["ref_params"] = jax.tree.map(jnp.copy, params)
-  critic = build_critic(ctx, cfg).init(params)
+  critic = build_critic(ctx, cfg, module).init(params)
   if critic is not None:
     state["critic"] = critic
   correction = CORRECTIONS.get(cfg.correction.name).init(cfg.correction)
@@ -70,95 +76,134 @@ def sampling_config(cfg, tokenizer) -> SamplingConfig:
                         top_p=cfg.top_p, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
 
 
-def _scorers(ctx, cfg, state, sampling) -> dict:
+def _scorers(ctx, cfg, state, sampling, model, ref_params) -> dict:
   """role -> (jitted scorer, params): the policy (old log-probs), with kl_beta > 0 the reference, and every
   role of `score_roles` (its log-probs go to TrainBatch.extras["<role>_logp"])."""
-  policy = make_scorer(ctx.model, sampling, cfg.replay_routing)
+  policy = make_scorer(model, sampling, cfg.replay_routing)
   scorers = {"policy": (policy, None)}
   for role in cfg.score_roles:
     scorers[role] = (make_scorer(ctx.models[role].module, sampling), ctx.models[role].params)
   if cfg.kl_beta > 0:
-    if "reference" in ctx.models:
+    if "reference" in ctx.models and ref_params is None:
       ref = ctx.models["reference"]
       scorers["reference"] = (make_scorer(ref.module, sampling), ref.params)
     else:
-      scorers["reference"] = (policy, state["ref_params"])
+      scorers["reference"] = (policy, ref_params)
   return scorers
 
 
-def _run(ctx, cfg, state, start: int, meta: dict):
-  tok = ctx.tokenizer
-  tx = make_optimizer(cfg.optimizer, _total_updates(cfg))
-  sampling = sampling_config(cfg, tok)
-  step_fn = make_rl_step(ctx.model, tx, cfg, sampling, cfg.micro_batches, cfg.replay_routing)
-  step_inputs = default_step_inputs(cfg)
-  scorers = _scorers(ctx, cfg, state, sampling)
-  keep = FILTERS.get(cfg.filter)
-  correction = CORRECTIONS.get(cfg.correction.name)
-  engine = mismatch_from_config(cfg.rollout_mismatch)
-  sampler_model, perturb = sampling_model(ctx.model, engine), engine.logits_hook(sampling)
-  critic = build_critic(ctx, cfg)
-  group, prompts = cfg.group_size, cfg.prompts_per_step
-  it = make_iterator(ctx.train_source, prompts, ctx.config.seed + 1000 * meta["stage_index"], tok,
-                     ctx.config.data.max_prompt_len, process_index=jax.process_index(),
-                     process_count=jax.process_count())
+def _no_refinement(batch):
+  return batch, {}
 
-  def iteration(state, batch, key, iterator, step):
-    train = state["train"]
-    t0 = time.perf_counter()
+
+class Learner:
+  """One policy's RL iteration (the phases of the module docstring) over its own slice of the stage state
+  (`train`, `ref_params`, `critic`, `correction`): `sample` collects, rewards and filters; `learn` augments
+  nothing further, scores, corrects, computes advantages, `refine`s (a hook for a stage that adds rows of
+  its own, e.g. GRAFT's peer rows: identity by default) and updates. The `rl` stage is one Learner; the
+  `graft` stage runs two and trades rows between them."""
+
+  def __init__(self, ctx, cfg, state, reward_fn, model=None, augmenter=None, refine=_no_refinement):
+    self.ctx, self.cfg, self.reward_fn, self.refine = ctx, cfg, reward_fn, refine
+    self.model = ctx.model if model is None else model
+    tok = ctx.tokenizer
+    tx = make_optimizer(cfg.optimizer, _total_updates(cfg))
+    self.sampling = sampling_config(cfg, tok)
+    self.step_fn = make_rl_step(self.model, tx, cfg, self.sampling, cfg.micro_batches, cfg.replay_routing)
+    self.step_inputs = default_step_inputs(cfg)
+    self.scorers = _scorers(ctx, cfg, state, self.sampling, self.model, state.get("ref_params"))
+    self.keep = FILTERS.get(cfg.filter)
+    self.correction = CORRECTIONS.get(cfg.correction.name)
+    engine = mismatch_from_config(cfg.rollout_mismatch)
+    self.sampler_model, self.perturb = sampling_model(self.model, engine), engine.logits_hook(self.sampling)
+    self.critic = build_critic(ctx, cfg, model)
+    self.augmenter = augmenter or build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
+
+  def sample(self, params, batch, key, iterator):
+    """collect -> reward -> filter in rounds. Returns (samples, rewards, the first round's rewards, rounds)."""
+    cfg, prompts = self.cfg, self.cfg.prompts_per_step
     parts, outputs, rounds = [], [], 0
-    while True:                                             # collect -> reward -> filter, in rounds
-      s = collect(sampler_model, train.params, batch, jax.random.fold_in(key, rounds), sampling, group,
-                  ctx.put_batch, first_group_id=rounds * prompts, perturb=perturb)
-      parts.append(s), outputs.append(compute_rewards(reward_fn, s, tok, cfg))
+    while True:
+      s = collect(self.sampler_model, params, batch, jax.random.fold_in(key, rounds), self.sampling,
+                  cfg.group_size, self.ctx.put_batch, first_group_id=rounds * prompts, perturb=self.perturb)
+      parts.append(s), outputs.append(compute_rewards(self.reward_fn, s, self.ctx.tokenizer, cfg))
       rounds += 1
-      selection = keep(concat_outputs(outputs).rewards, group, prompts)
+      selection = self.keep(concat_outputs(outputs).rewards, cfg.group_size, prompts)
       if selection.done or rounds > cfg.max_sampling_rounds:
         break
       batch = next(iterator)
     samples, rewards = Samples.concat(parts), concat_outputs(outputs)
-    rows = select_rows(selection, len(samples), group, prompts)
-    samples, rewards = samples.take(rows), take(rewards, rows)
-    lengths = host_rows(samples.rollout.lengths)            # the policy's rows, before any augmentation
-    metrics = policy_metrics(rewards, lengths, group)
-    samples, rewards = augmenter(samples, rewards, jax.random.fold_in(key, 5_000), step)
-    sample_s = time.perf_counter() - t0
+    rows = select_rows(selection, len(samples), cfg.group_size, prompts)
+    return samples.take(rows), take(rewards, rows), outputs[0], rounds
 
-    t1 = time.perf_counter()
-    batch = score(train_batch(samples, None, ctx.put_batch),
-                  dict(scorers, policy=(scorers["policy"][0], train.params)))
-    batch = critic.add_values(state, batch)
-    metrics.update(mismatch(batch))
-    corrected = correction.apply(batch, cfg.correction, state.get("correction", {}))
+  def learn(self, state, samples, rewards, capacity, key):
+    """score -> correct -> advantages -> refine -> update (policy, then critic). Returns (state, metrics,
+    skipped, batch)."""
+    cfg, train = self.cfg, state["train"]
+    batch = score(train_batch(samples, None, self.ctx.put_batch),
+                  dict(self.scorers, policy=(self.scorers["policy"][0], train.params)))
+    batch = self.critic.add_values(state, batch)
+    metrics = mismatch(batch)
+    corrected = self.correction.apply(batch, cfg.correction, state.get("correction", {}))
     batch = batch.replace(token_weights=batch.token_weights * corrected.weights,
                           loss_mask=batch.loss_mask & corrected.keep)
     if corrected.state:
       state = dict(state, correction=corrected.state)
     metrics.update(corrected.metrics)
-    batch = with_advantages(batch, rewards.rewards, cfg, group + augmenter.extra_rows, ctx.put_batch,
-                            samples.valid)
-    train, update_metrics, skipped = ppo_updates(step_fn, train, batch, key, cfg.ppo_epochs, cfg.minibatches,
-                                                 step_inputs)
-    state, critic_metrics = critic.update(state, batch, key)
-    metrics.update(critic_metrics)
-    update_s = time.perf_counter() - t1
+    batch = with_advantages(batch, rewards.rewards, cfg, capacity, self.ctx.put_batch, samples.valid)
+    batch, refined = self.refine(batch)
+    metrics.update(refined)
+    train, update_metrics, skipped = ppo_updates(self.step_fn, train, batch, key, cfg.ppo_epochs,
+                                                 cfg.minibatches, self.step_inputs)
     metrics.update(update_metrics)
-    metrics.update(**accuracy(outputs[0]), **failures(rewards.failures))
+    state, critic_metrics = self.critic.update(state, batch, key)
+    metrics.update(critic_metrics)
+    return dict(state, train=train), metrics, skipped, batch
+
+  def iteration(self, state, batch, key, iterator, step):
+    cfg = self.cfg
+    t0 = time.perf_counter()
+    samples, rewards, first, rounds = self.sample(state["train"].params, batch, key, iterator)
+    lengths = host_rows(samples.rollout.lengths)            # the policy's rows, before any augmentation
+    metrics = policy_metrics(rewards, lengths, cfg.group_size)
+    samples, rewards = self.augmenter(samples, rewards, jax.random.fold_in(key, 5_000), step)
+    sample_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    state, learned, skipped, batch = self.learn(state, samples, rewards, cfg.group_size + self.augmenter.extra_rows,
+                                                key)
+    update_s = time.perf_counter() - t1
+    metrics.update(learned)
+    metrics.update(**accuracy(first), **failures(rewards.failures))
     gen_tokens, tokens, teacher = process_sum([lengths.sum(),
                                                host_rows(batch.attention_mask).sum(),
                                                np.sum(samples.row_source == ROW_SOURCE["teacher"])])
     metrics.update({"sampling_rounds": rounds, "sample_s": sample_s, "update_s": update_s,
                     "gen_tokens_per_s": float(gen_tokens) / max(sample_s, 1e-9),
                     "tokens_per_s": cfg.ppo_epochs * float(tokens) / max(update_s, 1e-9)})
-    if augmenter.extra_rows:
+    if self.augmenter.extra_rows:
       metrics["rows/teacher"] = int(teacher)
-    return dict(state, train=train), metrics, skipped
+    return state, metrics, skipped
 
-  executor = VerifierExecutor(timeout_s=cfg.reward.timeout_s, call_timeout_s=cfg.reward.call_timeout_s or None)
+
+def stage_iterator(ctx, cfg, meta):
+  return make_iterator(ctx.train_source, cfg.prompts_per_step, ctx.config.seed + 1000 * meta["stage_index"],
+                       ctx.tokenizer, ctx.config.data.max_prompt_len, process_index=jax.process_index(),
+                       process_count=jax.process_count())
+
+
+SHOW = ("reward", "accuracy", "mismatch/mean")
+
+
+def reward_executor(cfg) -> VerifierExecutor:
+  return VerifierExecutor(timeout_s=cfg.reward.timeout_s, call_timeout_s=cfg.reward.call_timeout_s or None)
+
+
+def _run(ctx, cfg, state, start: int, meta: dict):
+  executor = reward_executor(cfg)
   try:                       # the worker process is stopped however the stage ends
     reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
-    augmenter = build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
-    return loop(ctx, cfg, state, start, meta, it, iteration, ("reward", "accuracy", "mismatch/mean"))
+    learner = Learner(ctx, cfg, state, reward_fn)
+    return loop(ctx, cfg, state, start, meta, stage_iterator(ctx, cfg, meta), learner.iteration, SHOW)
   finally:
     executor.close()
 
@@ -166,7 +211,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
 def validate(section, name: str) -> None:
   """Range checks of an RL section (types and unknown keys are checked by `config.validate`)."""
   from rlkit.objectives import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-  from rlkit.objectives.loss_terms import LOSS_TERMS, SFT_ONLY_TERMS, policy_kwargs_error
+  from rlkit.objectives.loss_terms import LOSS_TERMS, SFT_ONLY_TERMS, policy_loss_error
   from rlkit.train.config import check_optimizer, choice
   from rlkit.train.phases.advantages import all_estimators
 
@@ -181,9 +226,10 @@ def validate(section, name: str) -> None:
     raise ConfigError(f"{name}.reward.kwargs: {e}") from None
   choice(section.advantage, all_estimators(), f"{name}.advantage")
   choice(section.policy_loss, POLICY_LOSSES, f"{name}.policy_loss")
-  bad_kwargs = policy_kwargs_error(section.policy_loss, dict(section.policy_kwargs))
-  if bad_kwargs:
-    raise ConfigError(f"{name}.policy_kwargs: {bad_kwargs}")
+  bad_loss = policy_loss_error(section.policy_loss, section.eps_low, section.eps_high, section.dual_clip,
+                               dict(section.policy_kwargs))
+  if bad_loss:
+    raise ConfigError(f"{name}: {bad_loss} (rl.policy_loss, eps_low, eps_high, dual_clip, policy_kwargs)")
   choice(section.aggregation, AGGREGATIONS, f"{name}.aggregation")
   choice(section.kl_estimator, KL_ESTIMATORS, f"{name}.kl_estimator")
   choice(section.filter, FILTERS, f"{name}.filter")
@@ -209,9 +255,6 @@ def validate(section, name: str) -> None:
   need(section.temperature > 0, "temperature", "must be > 0")
   need(section.top_k >= 0, "top_k", "must be >= 0 (0 turns it off)")
   need(0 < section.top_p <= 1, "top_p", "must be in (0, 1] (1 turns it off)")
-  need(0 <= section.eps_low < 1, "eps_low", "must be in [0, 1)")
-  need(section.eps_high >= 0, "eps_high", "must be >= 0")
-  need(section.dual_clip == 0 or section.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1 (verl uses 3)")
   need(0 <= section.gamma <= 1, "gamma", "must be in [0, 1]")
   need(0 <= section.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
   need(section.critic.value_clip > 0, "critic", "needs critic.value_clip > 0")

@@ -68,13 +68,17 @@ def numeric(batch: dict) -> dict:
   return {k: v for k, v in batch.items() if getattr(v, "dtype", None) is not None and v.dtype != object}
 
 
-def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int) -> dict:
+def eval_metrics(ctx: Context, params, global_step: int, index: int, model=None) -> dict:
+  """The evaluation of `params` (of `model`, default the stage's policy) at a global step: {"eval/...": ...}."""
   e = ctx.config.eval
-  metrics = evaluate(ctx.model, params, ctx.tokenizer, ctx.task, ctx.eval_records,
-                     jax.random.fold_in(jax.random.fold_in(ctx.key, 10_000 + index), global_step),
-                     batch_size=e.batch_size, max_prompt_len=ctx.config.data.max_prompt_len,
-                     max_new_tokens=e.max_new_tokens, pass_k=e.pass_k, pass_n=e.pass_n,
-                     put_batch=ctx.put_batch)
+  return evaluate(ctx.model if model is None else model, params, ctx.tokenizer, ctx.task, ctx.eval_records,
+                  jax.random.fold_in(jax.random.fold_in(ctx.key, 10_000 + index), global_step),
+                  batch_size=e.batch_size, max_prompt_len=ctx.config.data.max_prompt_len,
+                  max_new_tokens=e.max_new_tokens, pass_k=e.pass_k, pass_n=e.pass_n, put_batch=ctx.put_batch)
+
+
+def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int) -> dict:
+  metrics = eval_metrics(ctx, params, global_step, index)
   if metrics:
     ctx.logger.log(global_step, name, metrics)
     ctx.logger.say(f"eval {name} @ step {global_step}: {eval_headline(metrics)}")
@@ -170,7 +174,7 @@ def register_stage(kind: str, stage: Stage) -> None:
 
 def _register_builtin() -> None:
   # The built-in kinds register themselves on import; imported here so `STAGES` is complete for any caller.
-  from rlkit.train import rl_stage, sft_stage  # noqa: F401
+  from rlkit.train import graft_stage, rl_stage, sft_stage  # noqa: F401
 
 
 _register_builtin()
