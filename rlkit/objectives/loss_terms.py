@@ -47,16 +47,16 @@ SFT_ONLY_TERMS = ("nll",)
 def policy_loss_error(name: str, eps_low: float, eps_high: float, dual_clip: float, kwargs: dict) -> str:
   """'' if `POLICY_LOSSES[name]` accepts these settings, else its own message: each loss checks its ranges
   (CISPO takes eps_low >= 1 to switch its lower clip off, PPO needs eps_low < 1, SAPO refuses a dual clip),
-  so the config is validated by calling the loss once on a one-token batch."""
+  so the config is validated by tracing the loss once on a one-token batch."""
   error = policy_kwargs_error(name, kwargs)
   if error:
     return error
-  one = jnp.zeros((1, 1), jnp.float32)
   clip = dict(eps_low=eps_low, eps_high=eps_high, **kwargs)
   if dual_clip:
     clip["dual_clip"] = dual_clip
-  try:
-    POLICY_LOSSES.get(name)(one, one, one, jnp.ones((1, 1), bool), **clip)
+  x, mask = jax.ShapeDtypeStruct((1, 1), jnp.float32), jax.ShapeDtypeStruct((1, 1), jnp.bool_)
+  try:   # traced only (eval_shape): validation must not start the XLA backend before jax.distributed does
+    jax.eval_shape(lambda a, b, c, m: POLICY_LOSSES.get(name)(a, b, c, m, **clip), x, x, x, mask)
   except (TypeError, ValueError) as e:
     return f"policy loss {name!r}: {e}"
   return ""

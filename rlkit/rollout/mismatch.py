@@ -30,6 +30,13 @@ tail noise; in units of (1 - p) uniform noise is flat (0.28 / 0.28), tail noise 
 Cost: the noise needs V normals per row and decode step, which on CPU costs more than the sampler's own
 draw (see `sample_categorical`); without noise (`noise_scale=0`) the sampler's loop is the plain one.
 
+A limit of this model (measured in experiments/calibrated_is/results.md): the noise is drawn afresh at every
+decode step, so the policy the tokens are drawn from *on average* is much closer to the trainer's than each
+step's reported log-prob suggests (at uniform sigma 1.0, |log rho| 0.389 reported vs 0.095 for the averaged
+distribution); uncorrected training is then nearly unbiased and corrections mostly add variance. A real
+engine's mismatch is a persistent shift per context; a persistent kind (e.g. a fixed perturbation of the
+sampler copy's weights) is not implemented yet.
+
 Determinism: the noise of decode step i uses key_i = fold_in(noise_key, i), noise_key = fold_in(key,
 `rlkit.rollout.sampler.NOISE_STREAM`) of the sampling key, so a run is a function of its key, and the
 sampler's uniforms (drawn from `key` itself) are exactly those of an unperturbed run: with the same key,

@@ -118,3 +118,16 @@ def test_every_rl_default_field_is_documented_once():
     lines = [l for l in src.splitlines() if l.strip().startswith(f"c.{key} =")]
     assert len(lines) == 1 and "#" in lines[0], key
   assert "rl" not in base_config()
+
+
+def test_validation_does_not_start_the_xla_backend():
+  """launch.py validates before `jax.distributed.initialize`, which must come before any JAX computation:
+  validation (policy losses are checked by tracing them) must not initialise a backend."""
+  import subprocess
+  import sys
+  code = ("import jax; from jax._src import xla_bridge as xb; from rlkit.train.config import validate; "
+          "from configs.grpo_arith import get_config; c = get_config('test'); c.rl.policy_loss = 'cispo'; "
+          "validate(c); assert not xb._backends, 'validation initialised a backend'; print('ok')")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]

@@ -4,7 +4,6 @@ import contextlib
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -14,7 +13,7 @@ from rlkit.train import graft_stage, rl_stage
 from rlkit.train.config import ConfigError, base_config
 from rlkit.train.models import Model
 from rlkit.train.stages import STAGES, Context
-from tests.train import test_stages as ts
+import test_stages as ts   # the RL stage's test components (pytest's rootdir import: the same module object)
 
 
 def _cfg(**overrides):
