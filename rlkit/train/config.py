@@ -91,7 +91,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.gae_lambda = 1.0            # GAE lambda (gae; 1: Monte-Carlo returns minus values)
   c.whiten_advantages = True    # gae: advantages to mean 0 / std 1 over the batch's loss tokens (verl does)
   c.critic = critic_defaults()  # the value model of advantage=gae
-  c.policy_loss = "ppo_clip"    # ppo_clip | gspo | gspo_token
+  c.policy_loss = "ppo_clip"    # ppo_clip | gspo | gspo_token | gmpo | cispo | cispo_trl | sapo
   c.policy_kwargs = ml_collections.ConfigDict()   # the policy loss's own parameters (e.g. sapo: tau_pos)
   c.eps_low = 0.2               # lower clip range (ratio >= 1 - eps_low)
   c.eps_high = 0.2              # upper clip range (DAPO clip-higher: eps_high > eps_low)
