@@ -13,7 +13,7 @@ those weights. For each compute dtype of `--dtypes` (default float32,bfloat16) p
     warm-up; `compile_s` = rlkit's first call minus its median. `decode_step_ms` = (64-token run - 1-token run)
     / 63, both timed in the same rounds. Target: `speedup_vs_peer` >= 1.5.
 (c) `"part": "top_p"` — the nucleus step alone on [16, 151936] float32 logits (jitted): the sort-based
-    nucleus `processed_logits` used before (`sort_nucleus` below) vs `nucleus_threshold`'s bisection, beside
+    nucleus `processed_logits` used before (`rlkit.rollout.sampler.nucleus_reference`) vs `nucleus_threshold`'s bisection, beside
     one decode step (from (b)), with the rest of the decode step's sampling (exp, the inverse-CDF draw, the
     token's log-prob) and the LM-head matmul [16, 1024] x [1024, 151936] timed alike: the split of a decode
     step. Target: `top_p_share_of_decode` (new / decode step) <= 0.25.
@@ -60,7 +60,8 @@ from rlkit.core.types import TrainBatch  # noqa: E402
 from rlkit.models import hf  # noqa: E402
 from rlkit.models.transformer import num_params  # noqa: E402
 from rlkit.parallel.host_memory import tuned_malloc_active  # noqa: E402
-from rlkit.rollout.sampler import SamplingConfig, generate, nucleus_threshold, sample_categorical  # noqa: E402
+from rlkit.rollout.sampler import (SamplingConfig, generate, nucleus_reference, nucleus_threshold,  # noqa: E402
+                                   sample_categorical)
 from rlkit.train.config import rl_defaults  # noqa: E402
 from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step  # noqa: E402
 
@@ -179,16 +180,6 @@ def bench_sample(args, folder: str, shape: dict, dtype: str) -> dict:
 
 # --------------------------------------------------------------------------------- (c) the top-p step alone
 
-def sort_nucleus(x, top_p: float):
-  """The sort-based nucleus `processed_logits` used before `nucleus_threshold`: the reference timed here."""
-  sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
-  sorted_p = jax.nn.softmax(sorted_x, axis=-1)
-  mass_before = jnp.cumsum(sorted_p, axis=-1) - sorted_p
-  keep = mass_before < top_p
-  threshold = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
-  return jnp.where(x < threshold, -jnp.inf, x)
-
-
 def bisect_nucleus(x, top_p: float):
   return jnp.where(x < nucleus_threshold(x, top_p), -jnp.inf, x)
 
@@ -217,7 +208,7 @@ def bench_top_p(args, folder: str, shape: dict, dtype: str, decode_step_s) -> di
   # at the temperature, float32 as `processed_logits` hands them to the nucleus.
   logits = (2.0 * jax.random.normal(k1, (BATCH, v))).astype(dtype)
   x = logits.astype(jnp.float32) / TEMPERATURE
-  old = jax.jit(lambda x: sort_nucleus(x, TOP_P))
+  old = jax.jit(lambda x: nucleus_reference(x, TOP_P))
   new = jax.jit(lambda x: bisect_nucleus(x, TOP_P))
   # Both are float32: on a row whose boundary prefix mass is within ~1e-7 of top_p (float32 rounding of the
   # sums, and of top_p itself) they may keep one token more or less (tests/rollout/test_nucleus.py).

@@ -128,6 +128,16 @@ def nucleus_threshold(x: Array, top_p: float) -> Array:
   return _from_orderable(hi)
 
 
+def nucleus_reference(x: Array, top_p: float) -> Array:
+  """The sort-based nucleus (`processed_logits` before `nucleus_threshold`): [..., V] logits with the tokens
+  outside the top-p mass set to -inf. The reference the bisection is tested and benchmarked against."""
+  sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
+  sorted_p = jax.nn.softmax(sorted_x, axis=-1)
+  mass_before = jnp.cumsum(sorted_p, axis=-1) - sorted_p
+  threshold = jnp.min(jnp.where(mass_before < top_p, sorted_x, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(x < threshold, -jnp.inf, x)
+
+
 def processed_logprobs(logits: Array, cfg: SamplingConfig) -> Array:
   """Log-probabilities of the distribution tokens are drawn from (`processed_logits`, renormalised).
 

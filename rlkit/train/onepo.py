@@ -59,31 +59,45 @@ def _group_accuracy(rewards: RewardOutput, group_size: int) -> np.ndarray:
   return np.asarray(correct, np.float64).reshape(-1, group_size).mean(1)
 
 
-def _teacher_responses(cfg, env: AugmentEnv, base: Samples, key) -> tuple[np.ndarray, np.ndarray]:
-  """[n, R] response tokens and mask of the teacher's answers to `base`'s prompts."""
+def _demonstration_teacher(cfg, env: AugmentEnv):
   tok, width = env.tokenizer, cfg.max_new_tokens
-  if cfg.onepo.teacher == "demonstration":
+
+  def respond(base: Samples, key) -> tuple[np.ndarray, np.ndarray]:
+    del key
     return response_rows(tok, [e["demonstration"] for e in base.examples], width, tok.pad_id)
+  return respond
+
+
+def _model_teacher(cfg, env: AugmentEnv):
   from rlkit.train.rl_stage import sampling_config
-  teacher = env.models[cfg.onepo.teacher]
-  ro = base.rollout
-  out = generate(teacher.module, teacher.params, ro.prompt, ro.prompt_mask, key, sampling_config(cfg, tok))
-  return np.asarray(jax.device_get(out.response)), np.asarray(jax.device_get(out.response_mask))
+  o = cfg.onepo
+  teacher = env.models.get(o.teacher)
+  if teacher is None:
+    raise ValueError(f"rl.onepo.teacher={o.teacher!r} is neither 'demonstration' nor a role of config.models "
+                     f"(roles: {', '.join(env.models) or 'none'}).")
+  if teacher.module.cfg.vocab_size != env.tokenizer.vocab_size:
+    raise ValueError(f"rl.onepo.teacher={o.teacher!r} has a vocabulary of {teacher.module.cfg.vocab_size}, the "
+                     f"policy's tokenizer {env.tokenizer.vocab_size}: teacher rows are trained as the policy's "
+                     "tokens, so the teacher needs the policy's tokenizer.")
+  sampling = sampling_config(cfg, env.tokenizer)
+
+  def respond(base: Samples, key) -> tuple[np.ndarray, np.ndarray]:
+    ro = base.rollout
+    out = generate(teacher.module, teacher.params, ro.prompt, ro.prompt_mask, key, sampling)
+    return np.asarray(jax.device_get(out.response)), np.asarray(jax.device_get(out.response_mask))
+  return respond
+
+
+# onepo.teacher -> the builder of `respond(base, key) -> ([n, R] response tokens, mask)`; any other value names
+# a config.models role, answered by that model's samples.
+TEACHERS = {"demonstration": _demonstration_teacher}
 
 
 def onepo_augmenter(cfg, env: AugmentEnv) -> Augmenter:
   group, m, o = cfg.group_size, _extra_rows(cfg), cfg.onepo
   if m == 0:
     return Augmenter(0)
-  if o.teacher != "demonstration":
-    teacher = env.models.get(o.teacher)
-    if teacher is None:
-      raise ValueError(f"rl.onepo.teacher={o.teacher!r} is neither 'demonstration' nor a role of config.models "
-                       f"(roles: {', '.join(env.models) or 'none'}).")
-    if teacher.module.cfg.vocab_size != env.tokenizer.vocab_size:
-      raise ValueError(f"rl.onepo.teacher={o.teacher!r} has a vocabulary of {teacher.module.cfg.vocab_size}, the "
-                       f"policy's tokenizer {env.tokenizer.vocab_size}: teacher rows are trained as the policy's "
-                       "tokens, so the teacher needs the policy's tokenizer.")
+  respond = TEACHERS.get(o.teacher, _model_teacher)(cfg, env)
   tok = env.tokenizer
 
   def add(samples: Samples, rewards: RewardOutput, key, step):
@@ -91,7 +105,7 @@ def onepo_augmenter(cfg, env: AugmentEnv) -> Augmenter:
     guided = (_group_accuracy(rewards, group) <= o.max_accuracy) & (alpha > 0)        # [groups]
     rows = np.repeat(np.arange(0, len(samples), group), m)                           # M per group
     base = samples.take(rows)
-    response, mask = _teacher_responses(cfg, env, base, key)
+    response, mask = respond(base, key)
     live = np.repeat(guided, m)
     mask = mask & live[:, None]
     lengths = mask.sum(1).astype(np.int32)

@@ -13,19 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlkit.rollout.sampler import SamplingConfig, nucleus_threshold, processed_logits
+from rlkit.rollout.sampler import SamplingConfig, nucleus_reference, nucleus_threshold, processed_logits
 
 TOL_F64, TOL_SORT = 3e-7, 1e-6
-
-
-def sort_nucleus(x, top_p):
-  """The sort-based top-p `processed_logits` used before: [..., V] float32 -> [..., V] with -inf removed."""
-  sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
-  sorted_p = jax.nn.softmax(sorted_x, axis=-1)
-  mass_before = jnp.cumsum(sorted_p, axis=-1) - sorted_p
-  keep = mass_before < top_p
-  threshold = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
-  return jnp.where(x < threshold, -jnp.inf, x)
 
 
 def reference_keep(row: np.ndarray, top_p: float) -> tuple[np.ndarray, float, list]:
@@ -84,7 +74,7 @@ SHAPES = [(1, 2), (6, 48), (3, 4, 1000), (2, 151936)]
 
 # top_p traced: one compile per shape, not per (shape, top_p).
 _new_keep = jax.jit(lambda x, p: (x >= nucleus_threshold(x, p)) & jnp.isfinite(x))
-_old_keep = jax.jit(lambda x, p: jnp.isfinite(sort_nucleus(x, p)))
+_old_keep = jax.jit(lambda x, p: jnp.isfinite(nucleus_reference(x, p)))
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -138,7 +128,7 @@ def test_processed_logits_matches_sort_based_pipeline(temperature, top_k, top_p,
   x = logits.astype(jnp.float32) / temperature
   if top_k:
     x = jnp.where(x < jax.lax.top_k(x, top_k)[0][..., -1:], -jnp.inf, x)
-  want = sort_nucleus(x, top_p) if top_p < 1 else x
+  want = nucleus_reference(x, top_p) if top_p < 1 else x
   np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
   np.testing.assert_array_equal(np.where(np.isfinite(got), got, 0), np.where(np.isfinite(want), want, 0))
   if top_p == 1.0 and not top_k:
@@ -158,7 +148,7 @@ def test_gradient_flows_through_kept_logits_only():
     return jax.jit(jax.grad(g))(logits)
 
   got = loss(lambda lg: processed_logits(lg, cfg))
-  want = loss(lambda lg: sort_nucleus(lg / 0.7, 0.8))
+  want = loss(lambda lg: nucleus_reference(lg / 0.7, 0.8))
   np.testing.assert_allclose(got, want, atol=1e-6)
   removed = ~np.isfinite(np.asarray(processed_logits(logits, cfg)))
   assert removed.any() and (np.asarray(got)[removed] == 0).all()
