@@ -14,54 +14,24 @@ checkpoint. Each run's command wall time and exit status are appended to DIR/run
 every launch under `flock PATH` (on a shared machine; do not also hold that lock around this driver).
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from configs.baselines import VARIANTS  # noqa: E402
+from experiments.driver import launch as run_launch  # noqa: E402
 
 
 def workdir(root: str, name: str, seed: int, quick: bool = False) -> str:
   return os.path.join(root, f"{name}{'_quick' if quick and name != 'sft' else ''}_s{seed}")
 
 
-def finished(path: str) -> bool:
-  """True when the workdir's single stage evaluated its last step (SFT: its only evaluation, at the end)."""
-  try:
-    config = json.load(open(os.path.join(path, "config.json")))
-    rows = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl")) if '"eval/accuracy"' in line]
-  except (OSError, ValueError):
-    return False
-  stage = config["stages"][0]
-  last = [r for r in rows if r.get("stage") == stage]
-  return bool(last) and (stage == "sft" or last[-1]["step"] == config[stage]["steps"])
-
-
 def launch(root: str, name: str, seed: int, preset: str, extra: list, lock: str, dry_run: bool) -> int:
   path = workdir(root, name, seed, preset.endswith(":quick"))
-  if finished(path):
-    print(f"[baselines] {path}: finished, skipped", flush=True)
-    return 0
-  cmd = [sys.executable, "launch.py", f"--config=configs/baselines.py:{preset}", f"--workdir={path}",
-         f"--config.seed={seed}"] + extra
-  if lock:
-    cmd = ["flock", lock] + cmd
-  print("[baselines] " + " ".join(cmd), flush=True)
-  if dry_run:
-    return 0
-  t0 = time.time()
-  rc = subprocess.call(cmd, cwd=ROOT)
-  wall = time.time() - t0
-  with open(os.path.join(root, "runs.jsonl"), "a") as f:
-    f.write(json.dumps({"name": name, "seed": seed, "preset": preset, "workdir": path, "rc": rc,
-                        "wall_s": round(wall, 1), "finished": finished(path), "time": time.time()}) + "\n")
-  print(f"[baselines] {path}: exit {rc} after {wall:.0f} s", flush=True)
-  return rc
+  return run_launch(root, path, f"configs/baselines.py:{preset}", [f"--config.seed={seed}"] + extra, lock,
+                    dry_run, "baselines", name=name, seed=seed, preset=preset)
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.baselines import VARIANTS  # noqa: E402
+from experiments.driver import command_walls, spread  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 
@@ -40,23 +41,6 @@ def load_run(path: str, sft_eval: dict) -> dict:
           "wrong_first": float(np.nanmean(wrong[:tenth])), "wrong_last": float(np.nanmean(wrong[-tenth:])),
           "clip_max": max(r.get("clip_frac", 0.0) for r in train),
           "rounds": float(np.mean([r.get("sampling_rounds", 1) for r in train]))}
-
-
-def command_walls(root: str) -> dict:
-  walls = {}
-  try:
-    for line in open(os.path.join(root, "runs.jsonl")):
-      r = json.loads(line)
-      walls[r["workdir"]] = walls.get(r["workdir"], 0.0) + r["wall_s"]   # a resumed run: its parts add up
-  except OSError:
-    pass
-  return walls
-
-
-def spread(xs, fmt="{:.3f}") -> str:
-  if len(xs) == 1:
-    return fmt.format(xs[0])
-  return f"{fmt.format(np.mean(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
 
 def main(argv=None) -> None:

@@ -178,3 +178,8 @@ class JsonlTask:
 
   def demonstration(self, example: Mapping[str, Any]) -> str:
     return example.get("solution") or example["answer"]
+
+  def category(self, example: Mapping[str, Any]) -> str:
+    """A line's optional "category" field (say a subject or a difficulty), for `eval.by_category`; lines
+    without one are "none". `example` is a row (extra fields at the top) or a decoded record (in `fields`)."""
+    return str((example.get("fields") or example).get("category", "none"))

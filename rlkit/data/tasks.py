@@ -217,6 +217,12 @@ class Arithmetic:
   def demonstration(self, example: Mapping[str, Any]) -> str:
     return example["answer"]
 
+  def category(self, example: Mapping[str, Any]) -> str:
+    """The operators of the prompt, in the order of `ops` ("+", "-", "+-"): the skill a problem tests, for
+    `eval.by_category`. Operands are never negative, so every '-' is an operator."""
+    used = set(example["prompt"])
+    return "".join(op for op in "+-*" if op in used)
+
 
 # ----------------------------------------------------------------------------------------------------------
 # countdown: "7 3 5>26:" -> "7*3+5"

@@ -153,6 +153,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.pass_k = 4             # k of pass@k (0: skip)
   c.eval.pass_n = 0             # samples per prompt for the unbiased pass@k estimator, n >= k (0: n = k)
   c.eval.max_new_tokens = 8     # response budget at evaluation
+  c.eval.by_category = False    # also eval/accuracy/<category> per the task's category(example) (arithmetic: operators)
+  c.eval.extra_sets = ml_collections.ConfigDict()   # more held-out sets: name -> task.kwargs overrides
+  # (e.g. {"long": {"min_digits": 4, "max_digits": 4}}), each the test split of the run's task with those
+  # kwargs, evaluated beside the main one as eval/<name>/...; not checked against the training data (overrides
+  # that overlap the training distribution may share its prompts)
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 50       # save every N global steps (and at the end of every stage)
   c.checkpoint.max_to_keep = 2  # newest checkpoints kept (the last one of every stage is kept besides)
@@ -206,8 +211,8 @@ def _same_type(value: Any, default: Any) -> bool:
 
 # Sections whose keys are not fixed: task.kwargs / reward.kwargs (the component's own parameters),
 # rl.loss_terms (term name -> weight), rl.policy_kwargs (the policy loss's parameters), models (role -> model
-# section).
-FREE_FORM = ("kwargs", "loss_terms", "models", "policy_kwargs")
+# section), eval.extra_sets (set name -> task kwargs).
+FREE_FORM = ("kwargs", "loss_terms", "models", "policy_kwargs", "extra_sets")
 
 
 def choice(value: str, registry, key: str) -> None:
@@ -256,6 +261,15 @@ def stage_config(config: ml_collections.ConfigDict, name: str) -> ml_collections
   return c
 
 
+def extra_set_config(config, name: str) -> ml_collections.ConfigDict:
+  """The run config whose task (and test split) is eval.extra_sets[name]: task.kwargs with the set's overrides.
+  Its train split is one example (only its test split is read; the test split does not depend on it)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.task.kwargs.update(dict(config.eval.extra_sets[name]))
+  c.data.num_train = 1
+  return c
+
+
 def task_kwargs(config) -> dict:
   """The task's constructor arguments: `task.kwargs`, plus the training file as `path` for a task that serves
   files (see `split_files`)."""
@@ -283,15 +297,38 @@ def _check_task(config, where: str = "task") -> None:
     raise ConfigError(f"{where}.name={config.task.name!r} needs a file: data.train_jsonl (and data.test_jsonl "
                       "for evaluation), or for a stage's own task, its task.kwargs.path.")
   try:
-    make_task(config.task.name, **kwargs)
+    task = make_task(config.task.name, **kwargs)
   except (ValueError, TypeError, FileNotFoundError) as e:
     raise ConfigError(f"{where}.kwargs: {e}") from None
+  for set_name, overrides in config.eval.extra_sets.items():
+    if where != "task":
+      break                          # the sets are the run task's, checked once
+    if not set_name.isidentifier() or split_files(config.task.name) is not None:
+      raise ConfigError(f"eval.extra_sets.{set_name}: a set needs a plain name (letters, digits, _) and a task "
+                        f"that generates its data (task {config.task.name!r} serves files: give its test "
+                        "file as data.test_jsonl instead).")
+    if not isinstance(overrides, (dict, ml_collections.ConfigDict)):
+      raise ConfigError(f"eval.extra_sets.{set_name} must map task kwargs to values, e.g. "
+                        f"{{\"min_digits\": 3}}; got {overrides!r}.")
+    try:
+      make_task(config.task.name, **{**kwargs, **dict(overrides)})
+    except (ValueError, TypeError) as e:
+      raise ConfigError(f"eval.extra_sets.{set_name}: {e}") from None
+  if config.eval.by_category and not callable(getattr(task, "category", None)):
+    raise ConfigError(f"eval.by_category=True, but the task {config.task.name!r} has no categories (no "
+                      "category(example) method); set eval.by_category=False.")
 
 
 def _check_path(path: str, key: str) -> None:
   if path and not os.path.exists(path):
     raise ConfigError(f"{key}={path!r} does not exist; give a Hugging Face folder, an rlkit workdir or an "
                       "rlkit checkpoint directory (or leave it empty to build the model from the fields).")
+  if path:
+    from rlkit.train.models import resolve_source
+    try:
+      resolve_source(path)
+    except (ValueError, FileNotFoundError) as e:
+      raise ConfigError(f"{key}: {e}") from None
 
 
 def _check_tokenizer(config) -> None:

@@ -10,7 +10,9 @@ the probability that k of the n samples drawn without replacement include a corr
 never forms a binomial coefficient, so it stays exact in float64 for any n. With n = k it is the direct rule
 (solved if any of the k samples is accepted); a larger n gives the same expectation with less variance. The
 evaluated prompts are always the first `eval.num_examples` records of the test split, so numbers are
-comparable across steps, stages and runs.
+comparable across steps, stages and runs. With `by_category` (config `eval.by_category`) the greedy accuracy
+is also reported per category of the task's `category(example)` (arithmetic: the operators), as
+`eval/accuracy/<category>`: which skill a policy gains or loses.
 """
 from __future__ import annotations
 
@@ -54,7 +56,8 @@ def _chunks(records: Sequence[dict], size: int):
 
 def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequence[dict], key: jax.Array, *,
              batch_size: int, max_prompt_len: int, max_new_tokens: int, pass_k: int,
-             pass_n: int = 0, put_batch: Optional[Callable[[dict], dict]] = None) -> dict[str, float]:
+             pass_n: int = 0, put_batch: Optional[Callable[[dict], dict]] = None,
+             by_category: bool = False) -> dict[str, float]:
   """Greedy accuracy, mean response length and (pass_k > 0) `eval/pass@{pass_k}` from pass_n samples per prompt.
 
   pass_n = 0 means n = k. The samples are drawn in rounds of k per prompt (the sampler's batch stays
@@ -68,6 +71,9 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
   if pass_k and n < pass_k:
     raise ValueError(f"eval.pass_n={pass_n} < eval.pass_k={pass_k}: pass@k needs n >= k samples per prompt; "
                      f"set eval.pass_n >= {pass_k}, or 0 for n = k.")
+  if by_category and not callable(getattr(task, "category", None)):
+    raise ValueError(f"eval.by_category=True, but the task {getattr(task, 'name', task)!r} defines no "
+                     "category(example); set eval.by_category=False.")
   records = [as_text_record(r) for r in records]
   if not records:
     return {}
@@ -89,7 +95,7 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
     lengths = host_rows(out.lengths)
     return decode_responses(tokenizer, host_rows(out.response), lengths), lengths
 
-  correct, solved, lengths = [], [], []
+  correct, solved, lengths, categories = [], [], [], []
   for i, (chunk, real) in enumerate(_chunks(records, batch_size)):
     mine = chunk[me * local:(me + 1) * local]
     real = max(0, min(real - me * local, local))          # this process's real (unpadded) rows
@@ -97,6 +103,8 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
     texts, out_lengths = texts_of(batch["prompt_tokens"], batch["prompt_mask"], key, greedy)
     correct += [task.verify(t, r["answer"]) for t, r in zip(texts[:real], mine[:real])]
     lengths += out_lengths[:real].tolist()
+    if by_category:
+      categories += [task.category(r) for r in mine[:real]]
     if pass_k:
       rep = np.repeat(np.arange(len(mine)), pass_k)
       chunk_key = jax.random.fold_in(key, i + 1)
@@ -114,4 +122,11 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
              "eval/num_examples": int(count)}
   if pass_k:
     metrics[f"eval/pass@{pass_k}"] = float(n_solved / count)
+  if by_category:     # every process holds every record, so all see the same category names
+    names = sorted({task.category(r) for r in records})
+    hits = np.zeros((2, len(names)))
+    for ok, c in zip(correct, categories):
+      hits[:, names.index(c)] += (ok, 1)
+    hits = np.asarray(process_sum(list(hits.reshape(-1)))).reshape(2, -1)
+    metrics.update({f"eval/accuracy/{c}": float(h / n) for c, h, n in zip(names, *hits) if n})
   return metrics

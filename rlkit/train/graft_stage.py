@@ -10,7 +10,8 @@ the peer rows (truncated ratio, geometric rejection, positive-only) before the u
 
 State: A's slice at the top level (`train`, ...), B's under `peer`. Metrics: A's as in the `rl` stage, B's
 prefixed `peer/` (its evaluation too, at A's evaluation steps), and `graft/...` per direction:
-groups_rescued, rows (grafted rows), rows_kept, tokens_kept, tokens_rejected.
+groups_rescued, rows (grafted rows), rows_kept, tokens_kept, tokens_rejected. `graft.rows = 0` is the
+independent baseline: nothing is exchanged, and groups_rescued counts the groups that would have been.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def graft_defaults() -> ml_collections.ConfigDict:
   c.graft = ml_collections.ConfigDict()   # the exchange between the policy and its peer
   c.graft.peer = "peer"         # the config.models role trained beside the policy (trainable=True)
   c.graft.rows = 2              # at most this many of the peer's successes join a group the policy fails
+                                # (0: no exchange, the two train side by side: the independent baseline)
   c.graft.both = True           # also graft the policy's successes into the peer's all-fail groups
   c.graft.cap = 2.0             # truncation of the foreign token ratio pi_self / pi_peer (0: no weights)
   c.graft.geo_low = 0.5         # reject a foreign row whose geometric-mean ratio is below this
@@ -52,7 +54,11 @@ def _correct(rewards: RewardOutput) -> np.ndarray:
 
 def graft_rows(own, own_rewards, peer, peer_rewards, group: int, k: int):
   """`own` groups with up to k of `peer`'s successes appended to each all-fail group (padding rows
-  elsewhere). Returns (samples, rewards, groups rescued)."""
+  elsewhere). Returns (samples, rewards, groups rescued); k = 0 leaves `own` as it is and counts the groups
+  that would have been rescued."""
+  if k == 0:
+    own_ok, peer_ok = (_correct(r).reshape(-1, group) for r in (own_rewards, peer_rewards))
+    return own, own_rewards, int((~own_ok.any(1) & peer_ok.any(1)).sum())
   chosen = rescue(_correct(own_rewards), _correct(peer_rewards), group, k).reshape(-1)     # [groups * k]
   live = chosen >= 0
   rows = np.where(live, chosen, 0)
@@ -147,8 +153,8 @@ def validate(section, name: str) -> None:
   if section.augment != "none" or section.filter != "none":
     raise ConfigError(f"{name}: the graft stage's groups are its own sampling plus the peer's rows; set "
                       f"{name}.augment='none' and {name}.filter='none' (got {section.augment!r}, {section.filter!r}).")
-  if g.rows < 1 or g.cap < 0 or g.geo_high < 0 or (g.geo_high > 0 and not 0 <= g.geo_low <= g.geo_high):
-    raise ConfigError(f"{name}.graft needs rows >= 1, cap >= 0 (0: no weights) and 0 <= geo_low <= geo_high "
+  if g.rows < 0 or g.cap < 0 or g.geo_high < 0 or (g.geo_high > 0 and not 0 <= g.geo_low <= g.geo_high):
+    raise ConfigError(f"{name}.graft needs rows >= 0, cap >= 0 (0: no weights) and 0 <= geo_low <= geo_high "
                       f"(geo_high 0: no rejection); got rows={g.rows}, cap={g.cap}, geo_low={g.geo_low}, "
                       f"geo_high={g.geo_high}.")
   rows = section.prompts_per_step * (section.group_size + g.rows)

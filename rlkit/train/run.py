@@ -25,7 +25,7 @@ from rlkit.data.tfds_builders import prepare, prepare_jsonl
 from rlkit.parallel.mesh import mesh_from_config
 from rlkit.parallel.rules import shard_batch
 from rlkit.train.checkpoint import Checkpointer
-from rlkit.train.config import data_files, stage_config, task_kwargs
+from rlkit.train.config import data_files, extra_set_config, stage_config, task_kwargs
 from rlkit.train.lengths import resolve_lengths
 from rlkit.train.metrics import MetricsLogger
 from rlkit.train.plot import plot_metrics
@@ -35,6 +35,11 @@ from rlkit.train.stages import STAGES, Context, is_headline
 
 def build_task(config):
   return make_task(config.task.name, **task_kwargs(config))
+
+
+def _first(source, n: int) -> list:
+  """The evaluated records: always the first n of the test split, so evaluations are comparable."""
+  return [source[i] for i in range(min(n, len(source)))]
 
 
 def build_data(config, workdir: str) -> dict:
@@ -64,6 +69,16 @@ def _on_lead_first(build):
   return out if out is not None else build()
 
 
+def extra_evals(config, workdir: str) -> dict:
+  """eval.extra_sets: name -> (its task, the first eval.num_examples records of its test split)."""
+  out = {}
+  for name in config.eval.extra_sets.keys():
+    own = extra_set_config(config, name)
+    out[name] = (build_task(own), _first(_on_lead_first(lambda: build_data(own, workdir))["test"],
+                                         config.eval.num_examples))
+  return out
+
+
 def stage_needs(config) -> set[str]:
   """The run-level sections the configured stages use (tokenizer, task, data, model)."""
   return {need for name in config.stages for need in STAGES.get(config[name].kind).needs}
@@ -89,7 +104,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   test = sources.get("test", [])
   if "data" in needs and not len(test):
     say("warning: no held-out split (data.test_jsonl is empty): evaluation is off for this run.")
-  eval_records = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
+  eval_records = _first(test, config.eval.num_examples)
+  extra = extra_evals(config, workdir) if "data" in needs else {}
   with jax.set_mesh(mesh):
     model, params = build_model(config.model, tokenizer, jax.random.fold_in(key, 1), mesh)
     models = build_models(config.models, tokenizer, jax.random.fold_in(key, 3), mesh)
@@ -106,7 +122,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     ctx = Context(config=config, model=model, tokenizer=tokenizer, task=task, train_source=sources.get("train"),
                   eval_records=eval_records, logger=logger, checkpointer=checkpointer,
                   key=jax.random.fold_in(key, 2), put_batch=lambda b: shard_batch(b, mesh), models=models,
-                  workdir=workdir)
+                  workdir=workdir, extra_evals=extra)
     try:
       if not complete:
         params = _run_stages(ctx, config, params, resume_step, resume_meta)
@@ -160,7 +176,7 @@ def stage_context(ctx: Context, config, name: str) -> Context:
   sources = _on_lead_first(lambda: build_data(own, ctx.workdir))
   test = sources.get("test", [])
   return dataclasses.replace(ctx, task=build_task(own), train_source=sources["train"],
-                             eval_records=[test[i] for i in range(min(config.eval.num_examples, len(test)))])
+                             eval_records=_first(test, config.eval.num_examples))
 
 
 def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:

@@ -42,6 +42,7 @@ class Context:
   put_batch: Callable[[dict], dict]        # host batch -> device arrays (sharded over the data axes)
   models: dict = dataclasses.field(default_factory=dict)   # role -> Model (rlkit.train.models), besides the policy
   workdir: str = ""
+  extra_evals: dict = dataclasses.field(default_factory=dict)   # eval.extra_sets: name -> (task, records)
 
 
 class TrainingError(RuntimeError):
@@ -69,12 +70,19 @@ def numeric(batch: dict) -> dict:
 
 
 def eval_metrics(ctx: Context, params, global_step: int, index: int, model=None) -> dict:
-  """The evaluation of `params` (of `model`, default the stage's policy) at a global step: {"eval/...": ...}."""
+  """The evaluation of `params` (of `model`, default the stage's policy) at a global step: {"eval/...": ...},
+  and for every set of eval.extra_sets {"eval/<name>/...": ...} (the same sampler keys)."""
   e = ctx.config.eval
-  return evaluate(ctx.model if model is None else model, params, ctx.tokenizer, ctx.task, ctx.eval_records,
-                  jax.random.fold_in(jax.random.fold_in(ctx.key, 10_000 + index), global_step),
-                  batch_size=e.batch_size, max_prompt_len=ctx.config.data.max_prompt_len,
-                  max_new_tokens=e.max_new_tokens, pass_k=e.pass_k, pass_n=e.pass_n, put_batch=ctx.put_batch)
+  key = jax.random.fold_in(jax.random.fold_in(ctx.key, 10_000 + index), global_step)
+  sets = {"": (ctx.task, ctx.eval_records), **{f"{name}/": v for name, v in ctx.extra_evals.items()}}
+  metrics = {}
+  for prefix, (task, records) in sets.items():
+    got = evaluate(ctx.model if model is None else model, params, ctx.tokenizer, task, records, key,
+                   batch_size=e.batch_size, max_prompt_len=ctx.config.data.max_prompt_len,
+                   max_new_tokens=e.max_new_tokens, pass_k=e.pass_k, pass_n=e.pass_n, put_batch=ctx.put_batch,
+                   by_category=e.by_category)
+    metrics.update({"eval/" + prefix + k[len("eval/"):]: v for k, v in got.items()})
+  return metrics
 
 
 def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int) -> dict:

@@ -119,3 +119,29 @@ def test_evaluate_with_a_real_model_n_equal_k_is_the_default_and_greedy_is_uncha
   assert more["eval/accuracy"] == default["eval/accuracy"]
   assert more["eval/response_len"] == default["eval/response_len"]
   assert 0.0 <= more["eval/pass@2"] <= 1.0
+
+
+def test_accuracy_by_category_splits_the_greedy_accuracy(monkeypatch):
+  monkeypatch.setattr(ev, "generate", _Sampler(2, 2))
+  task = make_task("arithmetic", ops="+-")
+  # The stand-in sampler answers every prompt with itself: right exactly where answer == prompt.
+  records = [{"prompt": p, "answer": a} for p, a in
+             (("1+2", "1+2"), ("3+4", "x"), ("5-1", "5-1"), ("7-2", "5-1"), ("9-9", "9-9"))]
+  exact = SimpleNamespace(verify=_Exact().verify, category=task.category, name="arithmetic")
+  for batch_size in (2, 5):                               # a padded last chunk counts once
+    got = evaluate(None, None, TOK, exact, records, jax.random.key(0), batch_size=batch_size, max_prompt_len=4,
+                   max_new_tokens=4, pass_k=0, by_category=True)
+    assert got["eval/accuracy/+"] == 0.5 and got["eval/accuracy/-"] == pytest.approx(2 / 3)
+    assert got["eval/accuracy"] == pytest.approx(3 / 5)
+  with pytest.raises(ValueError, match="defines no category"):
+    evaluate(None, None, TOK, _Exact(), records, jax.random.key(0), batch_size=2, max_prompt_len=4,
+             max_new_tokens=4, pass_k=0, by_category=True)
+
+
+def test_jsonl_categories_come_from_a_category_field(tmp_path):
+  path = tmp_path / "d.jsonl"
+  path.write_text('{"prompt": "a", "answer": "1", "category": "algebra"}\n{"prompt": "b", "answer": "2"}\n')
+  task = make_task("jsonl", path=str(path))
+  from rlkit.data.pipeline import decode_record
+  assert [task.category(decode_record(r)) for r in task.rows] == ["algebra", "none"]
+  assert task.category(task.rows[0]) == "algebra"

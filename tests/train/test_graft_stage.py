@@ -111,6 +111,18 @@ def test_both_policies_train_and_the_peer_is_evaluated(graft_run):
   assert "peer/reward" in train_rows[0] and "graft/rows" in train_rows[0] and "peer/loss" in train_rows[0]
 
 
+def test_zero_rows_is_no_exchange_that_counts_the_groups_it_would_rescue():
+  from types import SimpleNamespace
+  own = SimpleNamespace(correct=np.array([0, 0, 0, 1, 0, 0]), rewards=None)     # groups of 2: fail, mixed, fail
+  peer = SimpleNamespace(correct=np.array([1, 0, 1, 1, 0, 0]), rewards=None)
+  samples = object()
+  got = graft_stage.graft_rows(samples, own, object(), peer, 2, 0)
+  assert got[0] is samples and got[1] is own and got[2] == 1     # only group 0: all-fail, and the peer solved it
+  _cfg(**{"graft.rows": 0})                                       # a valid setting (the independent baseline)
+  with pytest.raises(ConfigError, match="rows >= 0"):
+    _cfg(**{"graft.rows": -1})
+
+
 def test_graft_config_errors():
   with pytest.raises(ConfigError, match="augment='none'"):
     _cfg(augment="demonstration")
