@@ -178,7 +178,7 @@ def _checked(config):
   from rlkit.train.config import ConfigError, validate
   from rlkit.train.lengths import resolve_lengths
   from rlkit.train.models import run_tokenizer
-  from rlkit.train.run import stage_needs
+  from rlkit.train.stages import stage_needs
   try:
     validate(config)
     if "data" in stage_needs(config):

@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
-import grain
 import numpy as np
 
 from rlkit.models.tokenizer import Tokenizer, pad_left, pad_right
+
+if TYPE_CHECKING:
+  import grain
 
 TEXT_FIELDS = ("prompt", "answer", "demonstration", "solution")
 _NOT_EXTRA = ("prompt", "answer", "demonstration")   # keys of a row that are not extra fields
@@ -151,6 +153,7 @@ def _iterator(source: Any, batch_size: int, seed: int, collate: Callable, num_ep
                      f"{process_count} processes; use drop_remainder=True.")
   per_process = batch_size // process_count
   rows = slice(process_index * per_process, (process_index + 1) * per_process)
+  import grain     # here, not at the top: validating a config (launch.py --validate_only) never reads data
   ds = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(num_epochs)
   ds = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
   ds = ds.map(functools.partial(_read_rows, source=source, rows=rows, collate=collate))

@@ -15,8 +15,8 @@ of the parameters, so different configs never collide in one data_dir and the sa
 `prepare` is idempotent (tfds skips a dataset whose files are complete, and writes into a temporary folder
 that it renames at the end, so an interrupted build leaves nothing that looks finished).
 
-Synthetic splits: test and train come from disjoint seed streams (`default_rng([seed, 1])` and
-`[seed, 0]`), each split has unique prompts, and train skips every test prompt.
+Synthetic splits are `rlkit.data.splits.generate_splits` (no tfds there, so validating a config does not
+import it).
 """
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ import json
 import os
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
 from rlkit.data.jsonl import as_field_names, load_jsonl
-from rlkit.data.tasks import RESERVED_FIELDS, Task, make_task
+from rlkit.data.splits import generate_splits, stored_example
+from rlkit.data.tasks import make_task
 
 FILE_FORMAT = "array_record"   # the only random-access format tfds writes without TensorFlow
 
@@ -51,54 +51,6 @@ def config_name(prefix: str, spec: Mapping[str, Any]) -> str:
     raise ValueError("dataset parameters must be plain JSON values (str, int, float, bool, list, dict): "
                      f"{e}; got {spec!r}.") from None
   return f"{prefix}_{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
-
-
-def encode_fields(fields: Mapping[str, Any]) -> str:
-  """Canonical JSON of the extra fields: sorted keys, no spaces, ASCII (a lone surrogate that JSON allows
-  cannot be written as UTF-8, its escape can)."""
-  return json.dumps(fields, sort_keys=True, separators=(",", ":"))
-
-
-def _example(task: Task, row: Mapping[str, Any]) -> dict[str, str]:
-  """The stored example: text fields, the demonstration, and every other key of `row` as `fields` JSON."""
-  missing = [key for key in task.required_fields if key not in row]
-  reserved = [key for key in RESERVED_FIELDS if key in row]
-  if missing or reserved:
-    raise ValueError(f"task {task.name!r}: make_example returned {sorted(row)}, which lacks the required "
-                     f"field(s) {missing} or uses the reserved name(s) {reserved}.")
-  fields = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
-  try:
-    encoded = encode_fields(fields)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"task {task.name!r}: extra fields must be plain JSON values (str, int, float, bool, "
-                     f"None, list, dict with str keys): {e}; got {fields!r}.") from None
-  return {"prompt": row["prompt"], "answer": row["answer"], "demonstration": task.demonstration(row),
-          "fields": encoded}
-
-
-def _unique_examples(task: Task, rng: np.random.Generator, count: int, exclude: set[str]) -> list[dict]:
-  rows, seen = [], set(exclude)
-  max_draws = 10 * count + 1000
-  for _ in range(max_draws):
-    if len(rows) == count:
-      break
-    row = task.make_example(rng)
-    if row["prompt"] not in seen:
-      seen.add(row["prompt"])
-      rows.append(_example(task, row))
-  if len(rows) < count:
-    raise ValueError(f"task {task.name!r}: only {len(rows)} distinct prompts (of {count} requested) in "
-                     f"{max_draws} draws; the task's prompt space is too small for these sizes. Lower "
-                     "num_train/num_test or widen the task (more digits, numbers, operators).")
-  return rows
-
-
-def generate_splits(task: Task, num_train: int, num_test: int, seed: int) -> dict[str, list[dict]]:
-  """Deterministic train/test rows {prompt, answer, demonstration, fields} with no test prompt in train."""
-  test = _unique_examples(task, np.random.default_rng([seed, 1]), num_test, exclude=set())
-  train = _unique_examples(task, np.random.default_rng([seed, 0]), num_train,
-                           exclude={r["prompt"] for r in test})
-  return {"train": train, "test": test}
 
 
 class TaskDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -147,7 +99,7 @@ class TaskDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       splits = generate_splits(task, spec["num_train"], spec["num_test"], spec["seed"])
     else:
       task = make_task("jsonl", path=next(iter(paths.values())))
-      splits = {split: [_example(task, row) for row in load_jsonl(path)] for split, path in paths.items()}
+      splits = {split: [stored_example(task, row) for row in load_jsonl(path)] for split, path in paths.items()}
     return {split: self._generate_examples(rows) for split, rows in splits.items() if rows}
 
   def _generate_examples(self, rows: Iterable[dict]):

@@ -18,7 +18,7 @@ import ml_collections
 from rlkit.data.jsonl import load_jsonl
 from rlkit.data.pipeline import token_lengths
 from rlkit.data.tasks import make_task
-from rlkit.data.tfds_builders import generate_splits
+from rlkit.data.splits import generate_splits
 from rlkit.train.config import ConfigError, data_files, stage_config, task_kwargs
 
 

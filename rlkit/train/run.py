@@ -30,7 +30,7 @@ from rlkit.train.lengths import resolve_lengths
 from rlkit.train.metrics import MetricsLogger
 from rlkit.train.plot import plot_metrics
 from rlkit.train.models import build_model, build_models, model_spec, run_tokenizer, tokenizer_spec
-from rlkit.train.stages import STAGES, Context, is_headline
+from rlkit.train.stages import STAGES, Context, is_headline, stage_needs
 
 
 def build_task(config):
@@ -77,11 +77,6 @@ def extra_evals(config, workdir: str) -> dict:
     out[name] = (build_task(own), _first(_on_lead_first(lambda: build_data(own, workdir))["test"],
                                          config.eval.num_examples))
   return out
-
-
-def stage_needs(config) -> set[str]:
-  """The run-level sections the configured stages use (tokenizer, task, data, model)."""
-  return {need for name in config.stages for need in STAGES.get(config[name].kind).needs}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -176,6 +176,11 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
 
 
 
+def stage_needs(config) -> set[str]:
+  """The run-level sections the configured stages use (tokenizer, task, data, model)."""
+  return {need for name in config.stages for need in STAGES.get(config[name].kind).needs}
+
+
 def register_stage(kind: str, stage: Stage) -> None:
   STAGES.add(kind, stage)
 

@@ -33,7 +33,7 @@ from rlkit.models.transformer import Transformer, TransformerConfig, init_params
 from rlkit.objectives.loss_terms import LOSS_TERMS
 from rlkit.optim.optimizers import make_optimizer, optimizer_defaults
 from rlkit.rewards import RewardOutput, register_reward
-from rlkit.train import rl_stage, stages
+from rlkit.train import critic as critic_module, rl_stage, stages
 from rlkit.train.config import base_config, rl_defaults
 from rlkit.train.models import Model
 from rlkit.train.phases.augment import AUGMENTERS, Augmenter, AugmenterSpec, interleave_groups
@@ -201,6 +201,21 @@ def _memo_scorer(make):
   return make_scorer
 
 
+_CRITICS: dict = {}
+
+
+def _memo_critic(make):
+  """A `Critic` holds no state (it is passed in): one per module, decoder start and the fields it reads, so a
+  flip that leaves them alone does not compile the critic's value pass and update step again."""
+  def critic(module, cfg, decoder_params=None):
+    key = (module, id(decoder_params), json.dumps(cfg.critic.to_dict(), sort_keys=True),
+           cfg.steps * cfg.ppo_epochs * cfg.minibatches, cfg.ppo_epochs, cfg.minibatches, cfg.micro_batches)
+    if key not in _CRITICS:
+      _CRITICS[key] = make(module, cfg, decoder_params)
+    return _CRITICS[key]
+  return critic
+
+
 class Run(NamedTuple):
   rows: list            # logged metrics, one dict per iteration
   delta: np.ndarray     # final - initial parameters, flattened
@@ -275,6 +290,7 @@ def run_stage(overrides: dict, patches=(), logger=None) -> Run:
 
   stage = STAGES.get("rl")
   all_patches = [(rl_stage, "make_rl_step", _memo_step), (rl_stage, "make_scorer", _memo_scorer),
+                 (critic_module, "Critic", _memo_critic),
                  (rl_stage, "ppo_updates", capture), (stages, "maybe_eval", record_eval),
                  (rl_stage, "make_optimizer", record_optimizer), *patches]
   with contextlib.ExitStack() as stack:
@@ -749,7 +765,7 @@ def test_kl_reference_is_the_initial_policy_unless_a_reference_role_is_declared(
 def test_the_critic_trains_with_its_own_optimizer_section(monkeypatch):
   """advantage=gae trains `state["critic"]` (decoder + value head) with `rl.critic.optimizer`, built by the
   critic, not the policy's: its lr changes the critic's parameters and leaves the policy's update as it is."""
-  from rlkit.train import critic as critic_module
+  _CRITICS.clear()                           # every critic of this test is built (and its optimizer made) anew
   seen = []
   original = critic_module.make_optimizer
   monkeypatch.setattr(critic_module, "make_optimizer",
