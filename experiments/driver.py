@@ -3,7 +3,8 @@ workdir, skipped when finished and resumed when not, with its wall time and exit
 ROOT/runs.jsonl (`command_walls` reads them back); `spread` formats a mean and min-max over seeds.
 
 A workdir is finished when its last stage evaluated its last step (an SFT stage, which may stop early: its
-only evaluation, at the end). An unfinished one is rerun with the same command, which resumes it from its newest checkpoint.
+only evaluation, at the end). An unfinished one is rerun with the same command, which resumes it from its
+newest checkpoint. With a lock, a command's wall time includes its wait for the lock.
 """
 import json
 import os

@@ -3,9 +3,10 @@
   python experiments/graft/summarize.py --root=/tmp/graft [--seeds=0,1,2] [--out=FILE.png]
 
 Reads DIR/sft_{add,sub}_s<seed> (each SFT run's own-task evaluation) and every DIR/<arm>_s<seed> that exists
-(metrics.jsonl; DIR/runs.jsonl for the command wall times). For A (the policy, trained on additions) and B
+(config.json, metrics.jsonl). For A (the policy, trained on additions) and B
 (the peer, `peer/` metrics, trained on subtractions), per arm over the seeds found: held-out greedy accuracy
-per operator at every evaluation and at the end; per direction the groups rescued, grafted rows, rows kept
+per operator at every evaluation and at the end, and the training time (the sum of the iterations'
+`step_s`: both models' sampling and updates; evaluations excluded); per direction the groups rescued, grafted rows, rows kept
 and tokens kept / rejected (sums over iterations); the largest gradient norm and the number of iterations
 above 5x the run's median gradient norm. Writes the plot to experiments/graft/accuracy.png.
 """
@@ -19,7 +20,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.graft import ARMS, SFT_OPS  # noqa: E402
-from experiments.driver import command_walls, spread  # noqa: E402
+from experiments.driver import spread  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 MODELS = {"A": "", "B": "peer/"}           # metric prefix of each model
@@ -31,7 +32,8 @@ def load_arm(path: str) -> dict:
   rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if r.get("stage") == "graft"]
   train = [r for r in rows if "step_s" in r]
   steps = json.load(open(os.path.join(path, "config.json")))["graft"]["steps"]
-  out = {"done": any("eval/accuracy" in r and r["step"] == steps for r in rows)}
+  out = {"done": any("eval/accuracy" in r and r["step"] == steps for r in rows),
+         "train_s": float(sum(r["step_s"] for r in train))}
   for m, pre in MODELS.items():
     evals = [r for r in rows if f"{pre}eval/accuracy" in r]
     grad = np.array([r[f"{pre}grad_norm"] for r in train if f"{pre}grad_norm" in r], float)
@@ -51,24 +53,22 @@ def main(argv=None) -> None:
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--out", default="")
   args = p.parse_args(argv)
-  walls = command_walls(args.root)
   seeds = [int(s) for s in args.seeds.split(",")]
-  print("| seed | model | SFT task | SFT steps | SFT greedy acc (own task) | SFT wall (s) |\n|---|---|---|---|---|---|")
+  print("| seed | model | SFT task | SFT steps | SFT greedy acc (own task) |\n|---|---|---|---|---|")
   for seed in seeds:
     for (name, ops), model in zip(SFT_OPS.items(), MODELS):
       path = os.path.join(args.root, f"{name}_s{seed}")
       if os.path.exists(os.path.join(path, "metrics.jsonl")):
         e = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "eval/accuracy" in r][-1]
-        print(f"| {seed} | {model} | `{ops}` | {e['step']} | {e['eval/accuracy']:.3f} | "
-              f"{walls.get(path, np.nan):.0f} |")
+        print(f"| {seed} | {model} | `{ops}` | {e['step']} | {e['eval/accuracy']:.3f} |")
   runs = {}
   for arm in ARMS:
     for seed in seeds:
       path = os.path.join(args.root, f"{arm}_s{seed}")
       if os.path.exists(os.path.join(path, "metrics.jsonl")):
-        runs.setdefault(arm, {})[seed] = dict(load_arm(path), wall=walls.get(path, np.nan))
+        runs.setdefault(arm, {})[seed] = load_arm(path)
   print("\nFinal held-out greedy accuracy by operator (mean and min-max over seeds; own skill first):\n")
-  print("| arm | seeds | A on + (own) | A on - (weak) | B on - (own) | B on + (weak) | A all | B all | wall (s) |")
+  print("| arm | seeds | A on + (own) | A on - (weak) | B on - (own) | B on + (weak) | A all | B all | train time (s) |")
   print("|---|---|---|---|---|---|---|---|---|")
   for arm, by_seed in runs.items():
     rs = [r for r in by_seed.values() if r["A"]["steps"]]
@@ -76,7 +76,7 @@ def main(argv=None) -> None:
     cells += [spread([r[m]["all"][-1] for r in rs]) for m in MODELS]
     done = "" if all(r["done"] for r in rs) else " (unfinished)"
     print(f"| {arm}{done} | {','.join(map(str, by_seed))} | " + " | ".join(cells) +
-          f" | {spread([r['wall'] for r in rs], '{:.0f}')} |")
+          f" | {spread([r['train_s'] for r in rs], '{:.0f}')} |")
   print("\nExchange and stability (sums over the iterations, mean over seeds; A receives from B, B from A):\n")
   print("| arm | into | groups rescued | rows grafted | rows kept | tokens kept | tokens rejected | max grad norm "
         "| iterations > 5x median grad norm |\n|---|---|---|---|---|---|---|---|---|")

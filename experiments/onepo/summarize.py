@@ -3,10 +3,11 @@
   python experiments/onepo/summarize.py --root=/tmp/onepo [--seeds=0,1,2] [--out=FILE.png]
 
 Reads DIR/sft_s<seed> (the base policy's evaluation on its own task, which is the `base` set) and every
-DIR/<arm>_s<seed> that exists (config.json, metrics.jsonl; DIR/runs.jsonl for the command wall times). Per arm,
+DIR/<arm>_s<seed> that exists (config.json, metrics.jsonl). Per arm,
 over the seeds found: held-out greedy accuracy on the hard task, the base skill and the shifted split at every
 RL evaluation; the annealed arm's change after its guidance ends; the training token entropy over the first and
-last tenth of the RL iterations; teacher tokens trained on and the policy's mean probability of them.
+last tenth of the RL iterations; teacher tokens trained on and the policy's mean probability of them; the RL
+training time (the sum of the iterations' `step_s`, evaluations excluded).
 Writes the plot to experiments/onepo/accuracy.png.
 """
 import argparse
@@ -19,7 +20,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.onepo import ANNEAL, ARMS  # noqa: E402
-from experiments.driver import command_walls, spread  # noqa: E402
+from experiments.driver import spread  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 SETS = {"hard": "eval/accuracy", "base": "eval/base/accuracy", "long": "eval/long/accuracy"}
@@ -44,7 +45,8 @@ def load_arm(path: str) -> dict:
           "entropy_first": float(np.nanmean(entropy[:tenth])), "entropy_last": float(np.nanmean(entropy[-tenth:])),
           "teacher_tokens": float(tokens.sum()),
           "teacher_p": float(p_sum.sum() / tokens.sum()) if tokens.sum() else np.nan,
-          "teacher_iters": int((tokens > 0).sum()), "reward": [r.get("reward", np.nan) for r in train]}
+          "teacher_iters": int((tokens > 0).sum()), "reward": [r.get("reward", np.nan) for r in train],
+          "train_s": float(sum(r["step_s"] for r in train))}
 
 
 def main(argv=None) -> None:
@@ -53,31 +55,31 @@ def main(argv=None) -> None:
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--out", default="")
   args = p.parse_args(argv)
-  walls = command_walls(args.root)
   seeds = [int(s) for s in args.seeds.split(",")]
-  print("| seed | SFT steps | base policy's greedy acc (1-2 digits) | SFT wall (s) |\n|---|---|---|---|")
+  print("| seed | SFT steps | base policy's greedy acc (1-2 digits) |\n|---|---|---|")
   for seed in seeds:
     path = os.path.join(args.root, f"sft_s{seed}")
     if os.path.exists(os.path.join(path, "metrics.jsonl")):
       e = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "eval/accuracy" in r][-1]
-      print(f"| {seed} | {e['step']} | {e['eval/accuracy']:.3f} | {walls.get(path, np.nan):.0f} |")
+      print(f"| {seed} | {e['step']} | {e['eval/accuracy']:.3f} |")
   runs = {}
   for arm in ARMS:
     for seed in seeds:
       path = os.path.join(args.root, f"{arm}_s{seed}")
       if os.path.exists(os.path.join(path, "metrics.jsonl")):
-        runs.setdefault(arm, {})[seed] = dict(load_arm(path), wall=walls.get(path, np.nan))
+        runs.setdefault(arm, {})[seed] = load_arm(path)
   print("\nAfter the last RL iteration (mean and min-max over seeds):\n")
   print("| arm | seeds | hard (3 digits) | base (1-2 digits) | long (4 digits) | entropy, first -> last tenth | "
-        "teacher tokens | mean p of teacher tokens | wall (s) |\n|---|---|---|---|---|---|---|---|---|")
+        "teacher tokens | mean p of teacher tokens | RL train time (s) |\n|---|---|---|---|---|---|---|---|---|")
   for arm, by_seed in runs.items():
     rs = [r for r in by_seed.values() if r["steps"]]
     done = "" if all(r["done"] for r in rs) else " (unfinished)"
     cells = [spread([r["acc"][s][-1] for r in rs]) for s in SETS]
     print(f"| {arm}{done} | {','.join(map(str, by_seed))} | " + " | ".join(cells) +
-          f" | {spread([r['entropy_first'] for r in rs], '{:.3f}')} -> {spread([r['entropy_last'] for r in rs], '{:.3f}')}"
+          f" | {spread([r['entropy_first'] for r in rs], '{:.3f}')} -> "
+          f"{spread([r['entropy_last'] for r in rs], '{:.3f}')}"
           f" | {spread([r['teacher_tokens'] for r in rs], '{:.0f}')} | {spread([r['teacher_p'] for r in rs])} | "
-          f"{spread([r['wall'] for r in rs], '{:.0f}')} |")
+          f"{spread([r['train_s'] for r in rs], '{:.0f}')} |")
   if "annealed" in runs:
     rs = [r for r in runs["annealed"].values() if ANNEAL in r["steps"] and r["done"]]
     if rs:

@@ -149,6 +149,51 @@ def _dot(eq: str, x: Array, w: Array, dtype) -> Array:
   return weight_matmul(eq, x.astype(dtype), w.astype(dtype)).astype(dtype)
 
 
+# Decode layout. A decode step multiplies a few rows by each weight matrix. XLA:CPU ran x [16, K] @ W [K, N]
+# at 0.90x torch's speed at the Qwen3-0.6B shape, and 1.5x torch's with W stored features-major, [N, K]: the
+# contracted axis is then minor in both operands (benchmarks/decode_layer.py, session 14: 9.4 vs 14.3 ms per
+# layer for the four projections). Parameters keep their [K, N] layout (training, checkpoints, HF interop);
+# `decode_params` adds a features-major copy "<name>_nk" of each dense projection, in the compute dtype,
+# which `_proj` uses wherever the params carry one. The sampler adds them on CPU, once per generate call.
+NK = "_nk"
+
+
+def _proj(module: nn.Module, name: str, eq: str, eq_nk: str, x: Array, w: Array, dtype) -> Array:
+  """`x` times weight `name` (`w`, contracted by `eq`), or by `eq_nk` with its features-major copy when the
+  params hold one (`decode_params`)."""
+  if module.has_variable("params", name + NK):
+    return _dot(eq_nk, x, module.get_variable("params", name + NK), dtype)
+  return _dot(eq, x, w, dtype)
+
+
+def decode_params(params: Any, cfg: "TransformerConfig") -> Any:
+  """`params` plus the features-major copies `_proj` reads (see NK): qkv, o, gate_up and down of every dense
+  layer and an untied LM head, in the compute dtype, behind an optimization barrier (XLA would otherwise
+  fold each transpose into its matmul, which is the layout being avoided). MoE experts are left as they are."""
+  dt, d = as_dtype(cfg.dtype), cfg.hidden_size
+  layouts = {"qkv": lambda w: w.reshape(d, -1).T, "o": lambda w: w.reshape(-1, d).T,
+             "gate_up": lambda w: w.transpose(1, 2, 0), "down": lambda w: w.T}
+  out = dict(params)
+  copies = {}
+  for name, layer in params.items():
+    if not name.startswith("layers_"):
+      continue
+    for part in ("attn", "mlp"):
+      if part in layer:
+        copies[f"{name}/{part}"] = {k + NK: f(layer[part][k]).astype(dt) for k, f in layouts.items()
+                                if k in layer[part]}
+  if "lm_head" in params:
+    copies["lm_head"] = params["lm_head"].T.astype(dt)
+  copies = jax.lax.optimization_barrier(copies)
+  for key, value in copies.items():
+    if key == "lm_head":
+      out["lm_head" + NK] = value
+    else:
+      name, part = key.split("/")
+      out[name] = dict(out[name], **{part: dict(params[name][part], **value)})
+  return out
+
+
 class NormScale(nn.Module):
   """The `scale` parameter of an RMSNorm whose normalisation runs elsewhere (in the CPU attention kernel):
   the same name, shape and initial value as `RMSNorm`'s, so both paths share parameters."""
@@ -254,7 +299,8 @@ class Attention(nn.Module):
     # 1.023x, 12 interleaved rounds). The head axis leads the merged one, so tensor parallelism's split
     # of the heads carries over (the same collectives as before in a tensor=2 step).
     b, t = x.shape[:2]
-    qkv = _dot("btd,df->btf", x, w_qkv.reshape(cfg.hidden_size, -1), dt).reshape(b, t, kvh, g + 2, hd)
+    qkv = _proj(self, "qkv", "btd,df->btf", "btd,fd->btf", x, w_qkv.reshape(cfg.hidden_size, -1), dt)
+    qkv = qkv.reshape(b, t, kvh, g + 2, hd)
     if cfg.attention_bias:
       qkv = qkv + self.param("qkv_bias", nn.initializers.zeros, (kvh, g + 2, hd), pdt).astype(dt)
     new_kv = None
@@ -285,7 +331,8 @@ class Attention(nn.Module):
     # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
     # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
     w_o = self.param("o", _init, (kvh, g, hd, cfg.hidden_size), pdt)
-    return _dot("btf,fd->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size), dt), new_kv
+    return _proj(self, "o", "btf,fd->btd", "btf,df->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size),
+                 dt), new_kv
 
 
 @jax.custom_vjp
@@ -327,8 +374,8 @@ class MLP(nn.Module):
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     w_gu = self.param("gate_up", _init, (cfg.hidden_size, 2, cfg.intermediate_size), pdt)
     w_down = self.param("down", _init, (cfg.intermediate_size, cfg.hidden_size), pdt)
-    h = swiglu(_dot("btd,dcf->btcf", x, w_gu, dt))
-    return _dot("btf,fd->btd", h, w_down, dt)
+    h = swiglu(_proj(self, "gate_up", "btd,dcf->btcf", "btd,cfd->btcf", x, w_gu, dt))
+    return _proj(self, "down", "btf,fd->btd", "btf,df->btd", h, w_down, dt)
 
 
 def route(router_logits: Array, k: int, norm_topk_prob: bool,
@@ -479,6 +526,8 @@ class Transformer(nn.Module):
       hl = (h[:, -1:] if logits == "last" else h).astype(dt)
       if cfg.tie_word_embeddings:
         out_logits = weight_matmul("btd,vd->btv", hl, self.embedding.astype(dt))
+      elif self.has_variable("params", "lm_head" + NK):      # decode layout (see NK)
+        out_logits = weight_matmul("btd,vd->btv", hl, self.get_variable("params", "lm_head" + NK))
       else:
         out_logits = weight_matmul("btd,dv->btv", hl, self.lm_head.astype(dt))
     new_cache = None

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from rlkit.core.types import Rollout
-from rlkit.models.transformer import Transformer, as_dtype, init_cache, positions_from_mask, rope_tables
+from rlkit.models.transformer import (Transformer, as_dtype, decode_params, init_cache, positions_from_mask,
+                                      rope_tables)
 
 Array = jax.Array
 
@@ -204,6 +205,10 @@ def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_ma
   b, p = prompt.shape
   r = cfg.max_new_tokens
   mcfg = model.cfg
+  if jax.default_backend() == "cpu":
+    # Features-major copies of the dense weights for the decode matmuls (transformer.NK: 1.5x faster on
+    # XLA:CPU), made once per call; they hold one more copy of those weights while sampling runs.
+    params = decode_params(params, mcfg)
   variables = {"params": params}
   cache = init_cache(mcfg, b, p + r)
   positions = positions_from_mask(prompt_mask)

@@ -1,0 +1,43 @@
+"""The decode layout (transformer.NK): features-major weight copies give the model's own logits, and the
+model reads them wherever the params carry them (the sampler adds them on CPU)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlkit.models.transformer import Transformer, TransformerConfig, decode_params, init_params
+
+
+def _config(**kw):
+  base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+              head_dim=8)
+  return TransformerConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw", [{}, {"tie_word_embeddings": True}, {"dtype": "bfloat16"},
+                                {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                                 "decoder_sparse_step": 2}])
+def test_features_major_copies_give_the_same_logits(kw):
+  cfg = _config(**kw)
+  model, params = Transformer(cfg), init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (3, 7), 0, cfg.vocab_size)
+  plain = model.apply({"params": params}, tokens)
+  fast = decode_params(params, cfg)
+  tol = 2e-2 if cfg.dtype == "bfloat16" else 1e-6
+  np.testing.assert_allclose(np.asarray(model.apply({"params": fast}, tokens)), np.asarray(plain), atol=tol)
+  dense = [k for k in fast if k.startswith("layers_") and "mlp" in fast[k]]
+  assert all(fast[k]["mlp"]["down_nk"].dtype == jnp.dtype(cfg.dtype) for k in dense)
+  assert ("lm_head_nk" in fast) == (not cfg.tie_word_embeddings)
+
+
+def test_the_model_reads_the_copies():
+  cfg = _config()
+  model, params = Transformer(cfg), init_params(cfg, jax.random.key(0))
+  tokens = jnp.arange(6)[None] % cfg.vocab_size
+  fast = decode_params(params, cfg)
+  for layer, part, name in (("layers_1", "mlp", "down_nk"), ("layers_0", "attn", "qkv_nk")):
+    zeroed = dict(fast[layer][part], **{name: 0 * fast[layer][part][name]})
+    broken = dict(fast, **{layer: dict(fast[layer], **{part: zeroed})})
+    assert not np.allclose(model.apply({"params": broken}, tokens), model.apply({"params": fast}, tokens))
+  broken = dict(fast, lm_head_nk=jnp.zeros_like(fast["lm_head_nk"]))
+  assert float(jnp.abs(model.apply({"params": broken}, tokens)).max()) == 0.0
