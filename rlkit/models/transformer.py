@@ -159,16 +159,30 @@ NK = "_nk"
 
 
 def _proj(module: nn.Module, name: str, eq: str, eq_nk: str, x: Array, w: Array, dtype) -> Array:
-  """`x` times weight `name` (`w`, contracted by `eq`), or by `eq_nk` with its features-major copy when the
-  params hold one (`decode_params`)."""
+  """`x` times weight `name` (`w`, contracted by `eq`), or, when the params hold its features-major copy
+  (`decode_params`), that copy times `x` by `eq_nk` (weight first)."""
   if module.has_variable("params", name + NK):
-    return _dot(eq_nk, x, module.get_variable("params", name + NK), dtype)
+    return _dot_nk(eq_nk, module.get_variable("params", name + NK), x, dtype)
   return _dot(eq, x, w, dtype)
+
+
+def _dot_nk(eq: str, w: Array, x: Array, dtype, out_dtype=None) -> Array:
+  """`einsum(eq, w, x)` (eq weight first, e.g. "fd,btd->btf") computed as the weight times the tokens,
+  [features, tokens], then moved to eq's output order. XLA:CPU's fast matmul wants the left operand's
+  contracted axis minor, which the features-major copy has; the barrier keeps XLA from folding that last
+  transpose into the matmul by swapping its operands back (which it did, then transposing the weight before
+  every matmul: a decode step of 34.6 instead of 21.0 ms per layer, benchmarks/decode_layer.py, session 14)."""
+  (ws, xs), out = eq.split("->")[0].split(","), eq.split("->")[1]
+  features, tokens = "".join(c for c in ws if c not in xs), "".join(c for c in xs if c not in ws)
+  y = jnp.einsum(f"{ws},{xs}->{features}{tokens}", w.astype(dtype), x.astype(dtype),
+                 preferred_element_type=jnp.float32)
+  y = jax.lax.optimization_barrier(y)
+  return jnp.einsum(f"{features}{tokens}->{out}", y).astype(out_dtype or dtype)
 
 
 def decode_params(params: Any, cfg: "TransformerConfig") -> Any:
   """`params` plus the features-major copies `_proj` reads (see NK): qkv, o, gate_up and down of every dense
-  layer and an untied LM head, in the compute dtype, behind an optimization barrier (XLA would otherwise
+  layer and the LM head (for a tied one, the embedding in the compute dtype), in the compute dtype, behind an optimization barrier (XLA would otherwise
   fold each transpose into its matmul, which is the layout being avoided). MoE experts are left as they are."""
   dt, d = as_dtype(cfg.dtype), cfg.hidden_size
   layouts = {"qkv": lambda w: w.reshape(d, -1).T, "o": lambda w: w.reshape(-1, d).T,
@@ -182,8 +196,8 @@ def decode_params(params: Any, cfg: "TransformerConfig") -> Any:
       if part in layer:
         copies[f"{name}/{part}"] = {k + NK: f(layer[part][k]).astype(dt) for k, f in layouts.items()
                                 if k in layer[part]}
-  if "lm_head" in params:
-    copies["lm_head"] = params["lm_head"].T.astype(dt)
+  # The LM head: a copy of an untied one; a tied one's [V, D] embedding already is features-major.
+  copies["lm_head"] = (params["lm_head"].T if "lm_head" in params else params["embedding"]).astype(dt)
   copies = jax.lax.optimization_barrier(copies)
   for key, value in copies.items():
     if key == "lm_head":
@@ -299,7 +313,7 @@ class Attention(nn.Module):
     # 1.023x, 12 interleaved rounds). The head axis leads the merged one, so tensor parallelism's split
     # of the heads carries over (the same collectives as before in a tensor=2 step).
     b, t = x.shape[:2]
-    qkv = _proj(self, "qkv", "btd,df->btf", "btd,fd->btf", x, w_qkv.reshape(cfg.hidden_size, -1), dt)
+    qkv = _proj(self, "qkv", "btd,df->btf", "fd,btd->btf", x, w_qkv.reshape(cfg.hidden_size, -1), dt)
     qkv = qkv.reshape(b, t, kvh, g + 2, hd)
     if cfg.attention_bias:
       qkv = qkv + self.param("qkv_bias", nn.initializers.zeros, (kvh, g + 2, hd), pdt).astype(dt)
@@ -331,7 +345,7 @@ class Attention(nn.Module):
     # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
     # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
     w_o = self.param("o", _init, (kvh, g, hd, cfg.hidden_size), pdt)
-    return _proj(self, "o", "btf,fd->btd", "btf,df->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size),
+    return _proj(self, "o", "btf,fd->btd", "df,btf->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size),
                  dt), new_kv
 
 
@@ -374,8 +388,8 @@ class MLP(nn.Module):
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     w_gu = self.param("gate_up", _init, (cfg.hidden_size, 2, cfg.intermediate_size), pdt)
     w_down = self.param("down", _init, (cfg.intermediate_size, cfg.hidden_size), pdt)
-    h = swiglu(_proj(self, "gate_up", "btd,dcf->btcf", "btd,cfd->btcf", x, w_gu, dt))
-    return _proj(self, "down", "btf,fd->btd", "btf,df->btd", h, w_down, dt)
+    h = swiglu(_proj(self, "gate_up", "btd,dcf->btcf", "cfd,btd->btcf", x, w_gu, dt))
+    return _proj(self, "down", "btf,fd->btd", "df,btf->btd", h, w_down, dt)
 
 
 def route(router_logits: Array, k: int, norm_topk_prob: bool,
@@ -524,10 +538,10 @@ class Transformer(nn.Module):
     out_logits = None
     if logits != "none":
       hl = (h[:, -1:] if logits == "last" else h).astype(dt)
-      if cfg.tie_word_embeddings:
+      if self.has_variable("params", "lm_head" + NK):        # decode layout (see NK)
+        out_logits = _dot_nk("vd,btd->btv", self.get_variable("params", "lm_head" + NK), hl, dt, jnp.float32)
+      elif cfg.tie_word_embeddings:
         out_logits = weight_matmul("btd,vd->btv", hl, self.embedding.astype(dt))
-      elif self.has_variable("params", "lm_head" + NK):      # decode layout (see NK)
-        out_logits = weight_matmul("btd,vd->btv", hl, self.get_variable("params", "lm_head" + NK))
       else:
         out_logits = weight_matmul("btd,dv->btv", hl, self.lm_head.astype(dt))
     new_cache = None
