@@ -4,7 +4,9 @@ One jitted function: prefill the (left-padded) prompts into a KV cache and sampl
 then a `lax.while_loop` that runs the model on the last sampled token against the cache and samples the
 next. Shapes are static (cache length = prompt length + max_new_tokens), the loop exits early once every
 row has emitted a stop token, and each decode step costs one token's forward pass: the prefix is never
-recomputed.
+recomputed. On CPU the call first makes features-major copies of the dense weights (`transformer.decode_params`,
+the decode layout): XLA:CPU's matmuls of a few rows by a weight run twice as fast per layer that way, at the
+cost of one more copy of those weights while sampling runs.
 
 The log-probability returned for each sampled token is taken under the distribution it was actually drawn
 from: `log_softmax(processed logits)` after temperature, top-k and top-p (the nucleus is renormalised).
