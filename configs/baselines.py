@@ -29,13 +29,9 @@ wandb is off (metrics.jsonl has everything). Every field is documented in rlkit/
   ppo_critic    PPO with a critic: GAE (gamma 1, lambda 1, whitened), value clip 0.5, critic AdamW lr 1e-3
                 (verl's critic/actor lr ratio of 10), token-mean
 """
-import importlib.util
-import os
+from rlkit.train.config import set_dotted, sibling_config
 
-_spec = importlib.util.spec_from_file_location("grpo_arith_config", os.path.join(os.path.dirname(__file__),
-                                                                                  "grpo_arith.py"))
-grpo_arith = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(grpo_arith)
+grpo_arith = sibling_config(__file__, "grpo_arith")
 
 QUICK_STEPS = 100
 QUICK_EVAL_EVERY = 25
@@ -63,13 +59,6 @@ PRESETS = {"sft": "the SFT stage of configs/grpo_arith.py alone (one per seed, s
            **{f"{v}:quick": f"{v} for {QUICK_STEPS} iterations" for v in VARIANTS}}
 
 
-def _set(section, dotted: str, value) -> None:
-  *path, last = dotted.split(".")
-  for part in path:
-    section = section[part]
-  section[last] = value
-
-
 def get_config(arg=None):
   preset = arg or "grpo"
   if preset not in PRESETS:
@@ -83,7 +72,7 @@ def get_config(arg=None):
   c.stages = ("rl",)
   c.model.path = "REQUIRED:--config.model.path=<the seed's SFT workdir>"   # fails validation until set
   for key, value in VARIANTS[variant].items():
-    _set(c.rl, key, value)
+    set_dotted(c.rl, key, value)
   if modifier == "quick":
     c.rl.steps = QUICK_STEPS
     c.rl.eval_every = QUICK_EVAL_EVERY

@@ -19,16 +19,11 @@ for both models every EVAL_EVERY. The arms change only the exchange (`ARMS`, key
   graft         GRAFT's defaults: weight min(pi_self / pi_peer, 2), rows whose geometric-mean ratio is
                 outside [0.5, 2] rejected, positive advantages only
 """
-import importlib.util
-import os
-
+from rlkit.train.config import sibling_config
 from rlkit.train.graft_stage import graft_defaults
 from rlkit.train.models import role_model_defaults
 
-_spec = importlib.util.spec_from_file_location("grpo_arith_config", os.path.join(os.path.dirname(__file__),
-                                                                                  "grpo_arith.py"))
-grpo_arith = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(grpo_arith)
+grpo_arith = sibling_config(__file__, "grpo_arith")
 
 STEPS = 100
 EVAL_EVERY = 25

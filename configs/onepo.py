@@ -23,13 +23,9 @@ The guided arms use OnePO's defaults (rlkit/train/onepo.py): mixed_group advanta
 teacher row in the baseline, the shaped off-policy term p / (p + 0.1) on teacher tokens, the clipped surrogate
 on policy rows only. Every field is documented in rlkit/train/config.py.
 """
-import importlib.util
-import os
+from rlkit.train.config import set_dotted, sibling_config
 
-_spec = importlib.util.spec_from_file_location("grpo_arith_config", os.path.join(os.path.dirname(__file__),
-                                                                                  "grpo_arith.py"))
-grpo_arith = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(grpo_arith)
+grpo_arith = sibling_config(__file__, "grpo_arith")
 
 STEPS = 100
 EVAL_EVERY = 25
@@ -46,13 +42,6 @@ ARMS = {
 PRESETS = {"sft": "the base policy: the main job's SFT stage on 1-2 digit additions",
            **{arm: f"3-digit additions from the base policy, rl fields {fields or 'unchanged'}"
               for arm, fields in ARMS.items()}}
-
-
-def _set(section, dotted: str, value) -> None:
-  *path, last = dotted.split(".")
-  for part in path:
-    section = section[part]
-  section[last] = value
 
 
 def get_config(arg=None):
@@ -72,7 +61,7 @@ def get_config(arg=None):
   c.rl.steps = STEPS
   c.rl.eval_every = EVAL_EVERY
   for key, value in ARMS[preset].items():
-    _set(c.rl, key, value)
+    set_dotted(c.rl, key, value)
   c.stages = ("rl",)
   if preset == "sft_grpo":
     c.sft.steps = SFT_STEPS

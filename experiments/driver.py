@@ -6,6 +6,7 @@ A workdir is finished when its last stage evaluated its last step (an SFT stage,
 only evaluation, at the end). An unfinished one is rerun with the same command, which resumes it from its
 newest checkpoint. With a lock, a command's wall time includes its wait for the lock.
 """
+import argparse
 import json
 import os
 import subprocess
@@ -68,3 +69,41 @@ def spread(xs, fmt="{:.3f}") -> str:
   if len(xs) == 1:
     return fmt.format(xs[0])
   return f"{fmt.format(np.mean(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+
+def parse_args(doc: str, root: str, arms, argv=None) -> argparse.Namespace:
+  """A driver's command line: --root, --seeds, --arms (names of `arms`, in `args.arms` as a list), --lock,
+  --dry_run."""
+  p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  p.add_argument("--root", default=root, help="folder of every workdir (and runs.jsonl)")
+  p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+  p.add_argument("--arms", default=",".join(arms), help="comma-separated names of " + ", ".join(arms))
+  p.add_argument("--lock", default="", help="run every launch.py under `flock LOCK`")
+  p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+  args = p.parse_args(argv)
+  args.arms = [a for a in args.arms.split(",") if a]
+  if any(a not in arms for a in args.arms):
+    p.error(f"unknown arms {[a for a in args.arms if a not in arms]}; known: {', '.join(arms)}")
+  args.seeds = [int(x) for x in args.seeds.split(",")]
+  os.makedirs(args.root, exist_ok=True)
+  return args
+
+
+def last_eval(path: str):
+  """The last held-out evaluation row of a workdir's metrics.jsonl, or None (no run there yet)."""
+  from rlkit.train.metrics import read_metrics
+  if not os.path.exists(os.path.join(path, "metrics.jsonl")):
+    return None
+  rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "eval/accuracy" in r]
+  return rows[-1] if rows else None
+
+
+def load_runs(root: str, arms, seeds, load) -> dict:
+  """{arm: {seed: load(ROOT/<arm>_s<seed>)}} for the workdirs that exist."""
+  runs = {}
+  for arm in arms:
+    for seed in seeds:
+      path = os.path.join(root, f"{arm}_s{seed}")
+      if os.path.exists(os.path.join(path, "metrics.jsonl")):
+        runs.setdefault(arm, {})[seed] = load(path)
+  return runs

@@ -127,7 +127,7 @@ def _override_error(argv, error: Exception) -> str:
           where = ".".join(parts[:depth]) or "the top level"
           valid = closest_first(part, node.keys()) if hasattr(node, "keys") else []
           return (f"unknown key --config.{key}: {where} has no key {part!r}. Valid keys of {where}: "
-                  f"{', '.join(valid)}.")
+                  f"{', '.join(valid) or 'none (an empty section)'}.")
         node = node[part]
   return f"cannot apply the override(s) {', '.join('--config.' + k for k in bad)}: {error!s}."
 

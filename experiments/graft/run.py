@@ -9,7 +9,6 @@ DIR/sft_sub_s<seed>, and DIR/<arm>_s<seed>, the arm started from that seed's two
 B the peer) with the same seed. Finished workdirs are skipped, unfinished ones resumed (experiments/driver.py);
 DIR/runs.jsonl gets each command's wall time. `--lock=PATH` runs every launch under `flock PATH`.
 """
-import argparse
 import os
 import sys
 
@@ -17,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from configs.graft import ARMS, SFT_OPS  # noqa: E402
-from experiments.driver import launch  # noqa: E402
+from experiments.driver import launch, parse_args  # noqa: E402
 
 
 def workdir(root: str, name: str, seed: int) -> str:
@@ -25,25 +24,15 @@ def workdir(root: str, name: str, seed: int) -> str:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="/tmp/graft", help="folder of every workdir (and runs.jsonl)")
-  p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-  p.add_argument("--arms", default=",".join(ARMS), help="comma-separated names of ARMS")
-  p.add_argument("--lock", default="", help="run every launch.py under `flock LOCK`")
-  p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-  args = p.parse_args(argv)
-  arms = [a for a in args.arms.split(",") if a]
-  if any(a not in ARMS for a in arms):
-    p.error(f"unknown arms {[a for a in arms if a not in ARMS]}; known: {', '.join(ARMS)}")
-  os.makedirs(args.root, exist_ok=True)
+  args = parse_args(__doc__, "/tmp/graft", ARMS, argv)
   failed = []
-  for seed in [int(s) for s in args.seeds.split(",")]:
+  for seed in args.seeds:
     sft = {name: workdir(args.root, name, seed) for name in SFT_OPS}
     bad = [path for name, path in sft.items()
            if launch(args.root, path, f"configs/graft.py:{name}", [f"--config.seed={seed}"], args.lock,
                      args.dry_run, "graft", name=name, seed=seed)]
     failed += bad
-    for arm in [] if bad else arms:
+    for arm in [] if bad else args.arms:
       path = workdir(args.root, arm, seed)
       extra = [f"--config.seed={seed}", f"--config.model.path={sft['sft_add']}",
                f"--config.models.peer.path={sft['sft_sub']}"]

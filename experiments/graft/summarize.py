@@ -20,7 +20,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.graft import ARMS, SFT_OPS  # noqa: E402
-from experiments.driver import spread  # noqa: E402
+from experiments.driver import last_eval, load_runs, spread  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 MODELS = {"A": "", "B": "peer/"}           # metric prefix of each model
@@ -57,16 +57,10 @@ def main(argv=None) -> None:
   print("| seed | model | SFT task | SFT steps | SFT greedy acc (own task) |\n|---|---|---|---|---|")
   for seed in seeds:
     for (name, ops), model in zip(SFT_OPS.items(), MODELS):
-      path = os.path.join(args.root, f"{name}_s{seed}")
-      if os.path.exists(os.path.join(path, "metrics.jsonl")):
-        e = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "eval/accuracy" in r][-1]
+      e = last_eval(os.path.join(args.root, f"{name}_s{seed}"))
+      if e:
         print(f"| {seed} | {model} | `{ops}` | {e['step']} | {e['eval/accuracy']:.3f} |")
-  runs = {}
-  for arm in ARMS:
-    for seed in seeds:
-      path = os.path.join(args.root, f"{arm}_s{seed}")
-      if os.path.exists(os.path.join(path, "metrics.jsonl")):
-        runs.setdefault(arm, {})[seed] = load_arm(path)
+  runs = load_runs(args.root, ARMS, seeds, load_arm)
   print("\nFinal held-out greedy accuracy by operator (mean and min-max over seeds; own skill first):\n")
   print("| arm | seeds | A on + (own) | A on - (weak) | B on - (own) | B on + (weak) | A all | B all | train time (s) |")
   print("|---|---|---|---|---|---|---|---|---|")

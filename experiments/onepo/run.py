@@ -9,7 +9,6 @@ DIR/<arm>_s<seed>, started from DIR/sft_s<seed> with the same seed. Finished wor
 ones resumed (experiments/driver.py); DIR/runs.jsonl gets each command's wall time. `--lock=PATH` runs every
 launch under `flock PATH`.
 """
-import argparse
 import os
 import sys
 
@@ -17,29 +16,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from configs.onepo import ARMS  # noqa: E402
-from experiments.driver import launch  # noqa: E402
+from experiments.driver import launch, parse_args  # noqa: E402
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="/tmp/onepo", help="folder of every workdir (and runs.jsonl)")
-  p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-  p.add_argument("--arms", default=",".join(ARMS), help="comma-separated names of ARMS")
-  p.add_argument("--lock", default="", help="run every launch.py under `flock LOCK`")
-  p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-  args = p.parse_args(argv)
-  arms = [a for a in args.arms.split(",") if a]
-  if any(a not in ARMS for a in arms):
-    p.error(f"unknown arms {[a for a in arms if a not in ARMS]}; known: {', '.join(ARMS)}")
-  os.makedirs(args.root, exist_ok=True)
+  args = parse_args(__doc__, "/tmp/onepo", ARMS, argv)
   failed = []
-  for seed in [int(s) for s in args.seeds.split(",")]:
+  for seed in args.seeds:
     sft = os.path.join(args.root, f"sft_s{seed}")
     if launch(args.root, sft, "configs/onepo.py:sft", [f"--config.seed={seed}"], args.lock, args.dry_run, "onepo",
               name="sft", seed=seed):
       failed.append(sft)
       continue
-    for arm in arms:
+    for arm in args.arms:
       path = os.path.join(args.root, f"{arm}_s{seed}")
       if launch(args.root, path, f"configs/onepo.py:{arm}", [f"--config.seed={seed}", f"--config.model.path={sft}"],
                 args.lock, args.dry_run, "onepo", name=arm, seed=seed):

@@ -20,7 +20,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.onepo import ANNEAL, ARMS  # noqa: E402
-from experiments.driver import spread  # noqa: E402
+from experiments.driver import last_eval, load_runs, spread  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 SETS = {"hard": "eval/accuracy", "base": "eval/base/accuracy", "long": "eval/long/accuracy"}
@@ -58,16 +58,10 @@ def main(argv=None) -> None:
   seeds = [int(s) for s in args.seeds.split(",")]
   print("| seed | SFT steps | base policy's greedy acc (1-2 digits) |\n|---|---|---|")
   for seed in seeds:
-    path = os.path.join(args.root, f"sft_s{seed}")
-    if os.path.exists(os.path.join(path, "metrics.jsonl")):
-      e = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "eval/accuracy" in r][-1]
+    e = last_eval(os.path.join(args.root, f"sft_s{seed}"))
+    if e:
       print(f"| {seed} | {e['step']} | {e['eval/accuracy']:.3f} |")
-  runs = {}
-  for arm in ARMS:
-    for seed in seeds:
-      path = os.path.join(args.root, f"{arm}_s{seed}")
-      if os.path.exists(os.path.join(path, "metrics.jsonl")):
-        runs.setdefault(arm, {})[seed] = load_arm(path)
+  runs = load_runs(args.root, ARMS, seeds, load_arm)
   print("\nAfter the last RL iteration (mean and min-max over seeds):\n")
   print("| arm | seeds | hard (3 digits) | base (1-2 digits) | long (4 digits) | entropy, first -> last tenth | "
         "teacher tokens | mean p of teacher tokens | RL train time (s) |\n|---|---|---|---|---|---|---|---|---|")

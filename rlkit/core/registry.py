@@ -17,6 +17,8 @@ def closest_first(name: str, choices: Iterable[str]) -> list[str]:
   """`choices` sorted for an error message: the close matches of `name` first (best first), then the rest
   alphabetically, so a typo's fix is the first name the user reads."""
   choices = sorted(set(choices))
+  if not choices:
+    return []
   close = difflib.get_close_matches(str(name), choices, n=len(choices), cutoff=0.6)
   return close + [c for c in choices if c not in close]
 

@@ -215,6 +215,26 @@ def _same_type(value: Any, default: Any) -> bool:
 FREE_FORM = ("kwargs", "loss_terms", "models", "policy_kwargs", "extra_sets")
 
 
+def set_dotted(section, key: str, value) -> None:
+  """`section` with `key` set, a dotted path through nested sections ("critic.optimizer.lr")."""
+  *path, last = key.split(".")
+  for part in path:
+    section = section[part]
+  section[last] = value
+
+
+def sibling_config(file: str, name: str):
+  """The config module `name`.py beside config file `file`, loaded by path: launch.py loads config files by
+  path, not as a package, so a config that builds on another (configs/baselines.py on grpo_arith.py) loads
+  it this way and works wherever the folder is."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(f"rlkit_config_{name}", os.path.join(os.path.dirname(file),
+                                                                                      f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def choice(value: str, registry, key: str) -> None:
   """ConfigError naming `key` and the valid names unless `value` is registered."""
   try:

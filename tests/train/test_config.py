@@ -24,6 +24,19 @@ def test_presets_validate(preset):
   validate(_load("grpo_arith").get_config(preset))
 
 
+@pytest.mark.parametrize("name", ["baselines", "graft", "onepo"])
+def test_experiment_presets_validate(name):
+  """Every preset of the experiment configs validates, with the SFT checkpoints they start from left empty
+  (the model then comes from its fields); given, the paths are checked by `_check_path`."""
+  module = _load(name)
+  for preset in module.PRESETS:
+    c = module.get_config(preset)
+    c.model.path = ""
+    for role in c.models.keys():
+      c.models[role].path = ""
+    validate(c)
+
+
 def test_unknown_preset_is_named():
   with pytest.raises(ValueError, match="cpu, gpu, test"):
     _load("grpo_arith").get_config("tpu")
