@@ -28,19 +28,3 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-
-# The default run uses pytest-xdist's `--dist loadfile` (pytest.ini): whole files go to the two workers in
-# collection order, and collection is alphabetical, so the heaviest files (tests/train, minutes each) came
-# last and one worker ran them while the other idled (29.9 CPU-minutes in a 15.8-minute run on 2 cores).
-# Handing out the longest files first (longest-processing-time order) lets the short ones fill the end.
-HEAVY_FIRST = ("train/test_stages.py", "train/test_launch.py", "train/test_real_paths.py", "train/test_steps.py",
-               "train/test_multihost.py", "models/test_transformer.py", "train/test_early_stop.py",
-               "kernels/test_cpu_attention.py", "train/test_graft_stage.py", "rollout/test_sampler.py",
-               "models/test_matmul.py", "models/test_attention.py", "parallel/test_rules.py",
-               "train/test_main_job.py", "train/test_phases.py")
-
-
-def pytest_collection_modifyitems(items):
-  here = os.path.dirname(os.path.abspath(__file__))
-  rank = {os.path.join(here, f): i for i, f in enumerate(HEAVY_FIRST)}
-  items.sort(key=lambda item: rank.get(str(item.path), len(rank)))     # stable: the rest keep their order
