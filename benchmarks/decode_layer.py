@@ -7,7 +7,7 @@ layer, medians of interleaved rounds (`_common.interleaved_median_times`):
 - `step_ms_S<S>`: rlkit's decode forward of one token per row (`Transformer.forward` with a KV cache of S
   slots, 65 of them filled, the cache donated so its update is in place as in the sampler's loop), for the
   cache lengths of `real_size.py`'s run (128: 64 prompt + 64 new tokens) and a shorter one (72);
-- `nk_step_ms_S<S>`: the same with the sampler's decode layout (`transformer.decode_params`: features-major
+- `nk_step_ms_S<S>`: the same with the sampler's decode layout (`decode_layout.decode_params`: features-major
   weight copies, what `generate` uses on CPU);
 - the four weight matmuls of a layer on [batch, in] activations, rlkit's XLA (`jnp.dot`) on [in, out] weights
   (`jax_`, the parameters' layout) and on [out, in] copies (`jax_nk_`, the decode layout) beside torch's
@@ -28,8 +28,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks._common import commit, cpu_info, interleaved_median_times  # noqa: E402
-from rlkit.models.transformer import (Transformer, TransformerConfig, decode_params, init_cache,  # noqa: E402
-                                      rope_tables)
+from rlkit.models.decode_layout import decode_params  # noqa: E402
+from rlkit.models.transformer import Transformer, TransformerConfig, init_cache, rope_tables  # noqa: E402
 
 HIDDEN, INTER, HEADS, KV, HEAD_DIM = 1024, 3072, 16, 8, 128        # Qwen3-0.6B
 PROJECTIONS = {"qkv": (HIDDEN, KV * (HEADS // KV + 2) * HEAD_DIM), "o": (HEADS * HEAD_DIM, HIDDEN),

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from rlkit.models.attention import attend, causal_blocks, masked_probs, merge_blocks, query_blocks
+from rlkit.models.decode_layout import NK, dot_nk
 from rlkit.models.matmul import weight_matmul
 from rlkit.parallel.rules import constrain_batch
 
@@ -149,63 +150,14 @@ def _dot(eq: str, x: Array, w: Array, dtype) -> Array:
   return weight_matmul(eq, x.astype(dtype), w.astype(dtype)).astype(dtype)
 
 
-# Decode layout. A decode step multiplies a few rows by each weight matrix. XLA:CPU ran x [16, K] @ W [K, N]
-# at 0.90x torch's speed at the Qwen3-0.6B shape, and 1.5x torch's with W stored features-major, [N, K]: the
-# contracted axis is then minor in both operands (benchmarks/decode_layer.py, session 14: 9.4 vs 14.3 ms per
-# layer for the four projections). Parameters keep their [K, N] layout (training, checkpoints, HF interop);
-# `decode_params` adds a features-major copy "<name>_nk" of each dense projection, in the compute dtype,
-# which `_proj` uses wherever the params carry one. The sampler adds them on CPU, once per generate call.
-NK = "_nk"
-
-
+# Decode layout (rlkit/models/decode_layout.py): `_proj` reads a weight's features-major copy when the
+# params carry one.
 def _proj(module: nn.Module, name: str, eq: str, eq_nk: str, x: Array, w: Array, dtype) -> Array:
   """`x` times weight `name` (`w`, contracted by `eq`), or, when the params hold its features-major copy
   (`decode_params`), that copy times `x` by `eq_nk` (weight first)."""
   if module.has_variable("params", name + NK):
-    return _dot_nk(eq_nk, module.get_variable("params", name + NK), x, dtype)
+    return dot_nk(eq_nk, module.get_variable("params", name + NK), x, dtype)
   return _dot(eq, x, w, dtype)
-
-
-def _dot_nk(eq: str, w: Array, x: Array, dtype, out_dtype=None) -> Array:
-  """`einsum(eq, w, x)` (eq weight first, e.g. "fd,btd->btf") computed as the weight times the tokens,
-  [features, tokens], then moved to eq's output order. XLA:CPU's fast matmul wants the left operand's
-  contracted axis minor, which the features-major copy has; the barrier keeps XLA from folding that last
-  transpose into the matmul by swapping its operands back (which it did, then transposing the weight before
-  every matmul: a decode step of 34.6 instead of 21.0 ms per layer, benchmarks/decode_layer.py, session 14)."""
-  (ws, xs), out = eq.split("->")[0].split(","), eq.split("->")[1]
-  features, tokens = "".join(c for c in ws if c not in xs), "".join(c for c in xs if c not in ws)
-  y = jnp.einsum(f"{ws},{xs}->{features}{tokens}", w.astype(dtype), x.astype(dtype),
-                 preferred_element_type=jnp.float32)
-  y = jax.lax.optimization_barrier(y)
-  return jnp.einsum(f"{features}{tokens}->{out}", y).astype(out_dtype or dtype)
-
-
-def decode_params(params: Any, cfg: "TransformerConfig") -> Any:
-  """`params` plus the features-major copies `_proj` reads (see NK): qkv, o, gate_up and down of every dense
-  layer and the LM head (for a tied one, the embedding in the compute dtype), in the compute dtype, behind an optimization barrier (XLA would otherwise
-  fold each transpose into its matmul, which is the layout being avoided). MoE experts are left as they are."""
-  dt, d = as_dtype(cfg.dtype), cfg.hidden_size
-  layouts = {"qkv": lambda w: w.reshape(d, -1).T, "o": lambda w: w.reshape(-1, d).T,
-             "gate_up": lambda w: w.transpose(1, 2, 0), "down": lambda w: w.T}
-  out = dict(params)
-  copies = {}
-  for name, layer in params.items():
-    if not name.startswith("layers_"):
-      continue
-    for part in ("attn", "mlp"):
-      if part in layer:
-        copies[f"{name}/{part}"] = {k + NK: f(layer[part][k]).astype(dt) for k, f in layouts.items()
-                                if k in layer[part]}
-  # The LM head: a copy of an untied one; a tied one's [V, D] embedding already is features-major.
-  copies["lm_head"] = (params["lm_head"].T if "lm_head" in params else params["embedding"]).astype(dt)
-  copies = jax.lax.optimization_barrier(copies)
-  for key, value in copies.items():
-    if key == "lm_head":
-      out["lm_head" + NK] = value
-    else:
-      name, part = key.split("/")
-      out[name] = dict(out[name], **{part: dict(params[name][part], **value)})
-  return out
 
 
 class NormScale(nn.Module):
@@ -539,7 +491,7 @@ class Transformer(nn.Module):
     if logits != "none":
       hl = (h[:, -1:] if logits == "last" else h).astype(dt)
       if self.has_variable("params", "lm_head" + NK):        # decode layout (see NK)
-        out_logits = _dot_nk("vd,btd->btv", self.get_variable("params", "lm_head" + NK), hl, dt, jnp.float32)
+        out_logits = dot_nk("vd,btd->btv", self.get_variable("params", "lm_head" + NK), hl, dt, jnp.float32)
       elif cfg.tie_word_embeddings:
         out_logits = weight_matmul("btd,vd->btv", hl, self.embedding.astype(dt))
       else:

@@ -4,7 +4,7 @@ One jitted function: prefill the (left-padded) prompts into a KV cache and sampl
 then a `lax.while_loop` that runs the model on the last sampled token against the cache and samples the
 next. Shapes are static (cache length = prompt length + max_new_tokens), the loop exits early once every
 row has emitted a stop token, and each decode step costs one token's forward pass: the prefix is never
-recomputed. On CPU the call first makes features-major copies of the dense weights (`transformer.decode_params`,
+recomputed. On CPU the call first makes features-major copies of the dense weights (`decode_layout.decode_params`,
 the decode layout): XLA:CPU's matmuls of a few rows by a weight run twice as fast per layer that way, at the
 cost of one more copy of those weights while sampling runs.
 
@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from rlkit.core.types import Rollout
-from rlkit.models.transformer import (Transformer, as_dtype, decode_params, init_cache, positions_from_mask,
-                                      rope_tables)
+from rlkit.models.decode_layout import decode_params
+from rlkit.models.transformer import Transformer, as_dtype, init_cache, positions_from_mask, rope_tables
 
 Array = jax.Array
 
@@ -208,8 +208,8 @@ def _generate(model: Transformer, cfg: SamplingConfig, params, prompt, prompt_ma
   r = cfg.max_new_tokens
   mcfg = model.cfg
   if jax.default_backend() == "cpu":
-    # Features-major copies of the dense weights for the decode matmuls (transformer.NK: 1.5x faster on
-    # XLA:CPU), made once per call; they hold one more copy of those weights while sampling runs.
+    # Features-major copies of the dense weights for the decode matmuls (rlkit/models/decode_layout.py),
+    # made once per call; they hold one more copy of those weights while sampling runs.
     params = decode_params(params, mcfg)
   variables = {"params": params}
   cache = init_cache(mcfg, b, p + r)

@@ -1,11 +1,12 @@
-"""The decode layout (transformer.NK): features-major weight copies give the model's own logits, and the
+"""The decode layout (rlkit/models/decode_layout.py): features-major weight copies give the model's own logits, and the
 model reads them wherever the params carry them (the sampler adds them on CPU)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlkit.models.transformer import Transformer, TransformerConfig, decode_params, init_params
+from rlkit.models.decode_layout import decode_params
+from rlkit.models.transformer import Transformer, TransformerConfig, init_params
 
 
 def _config(**kw):
