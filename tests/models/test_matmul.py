@@ -66,9 +66,10 @@ def test_model_gradients_equal_plain_einsum_model(tied, monkeypatch):
   tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, cfg.vocab_size)
   def loss(p):
     return jnp.mean(jax.nn.log_softmax(Transformer(cfg).apply({"params": p}, tokens)) ** 2)
-  ours = jax.grad(loss)(params)
+  # Jitted (eager autodiff compiles every op on its own); traced afresh after the patch, so `ref` is plain.
+  ours = jax.jit(jax.grad(loss))(params)
   monkeypatch.setattr(transformer, "weight_matmul", _plain)
   monkeypatch.setattr(transformer, "swiglu", lambda gu: jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :])
-  ref = jax.grad(loss)(params)
+  ref = jax.jit(jax.grad(loss))(params)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(ref)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=jax.tree_util.keystr(path))

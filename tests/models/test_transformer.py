@@ -12,6 +12,12 @@ DENSE = TransformerConfig(vocab_size=64, hidden_size=32, intermediate_size=48, n
 MOE = DENSE.replace(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 
 
+def _jitted(model):
+  """`model.apply` compiled whole, once per method and shapes (eagerly, every op is compiled on its own: these
+  tests took 3-5x longer)."""
+  return jax.jit(model.apply, static_argnames=("method",))
+
+
 def _left_pad(tokens, pads):
   b, t = tokens.shape
   width = t + max(pads)
@@ -27,10 +33,11 @@ def _left_pad(tokens, pads):
 def test_left_padding_does_not_change_real_token_logits(cfg):
   params = init_params(cfg, jax.random.key(0))
   model = Transformer(cfg)
+  apply = _jitted(model)
   tokens = np.asarray(jax.random.randint(jax.random.key(1), (3, 7), 0, cfg.vocab_size))
-  ref = model.apply({"params": params}, jnp.asarray(tokens))
+  ref = apply({"params": params}, jnp.asarray(tokens))
   padded, mask = _left_pad(tokens, [0, 2, 5])
-  out = model.apply({"params": params}, padded, attention_mask=mask)
+  out = apply({"params": params}, padded, attention_mask=mask)
   for i in range(3):
     np.testing.assert_allclose(out[i][np.asarray(mask[i])], ref[i], atol=1e-5)
 
@@ -39,18 +46,19 @@ def test_left_padding_does_not_change_real_token_logits(cfg):
 def test_kv_cache_decode_equals_full_forward_at_every_step(cfg):
   params = init_params(cfg, jax.random.key(0))
   model = Transformer(cfg)
+  apply = _jitted(model)
   tokens = np.asarray(jax.random.randint(jax.random.key(2), (2, 9), 0, cfg.vocab_size))
   padded, mask = _left_pad(tokens, [0, 3])
-  full = model.apply({"params": params}, padded, attention_mask=mask)
+  full = apply({"params": params}, padded, attention_mask=mask)
   positions = positions_from_mask(mask)
   prefill = 5
   cache = init_cache(cfg, 2, padded.shape[1] + 2)   # spare slots must stay invisible
-  out = model.apply({"params": params}, padded[:, :prefill], positions[:, :prefill], mask[:, :prefill], cache,
+  out = apply({"params": params}, padded[:, :prefill], positions[:, :prefill], mask[:, :prefill], cache,
                     method=Transformer.forward)
   steps = [out.logits]
   cache = out.cache
   for t in range(prefill, padded.shape[1]):
-    out = model.apply({"params": params}, padded[:, t:t + 1], positions[:, t:t + 1], mask[:, t:t + 1], cache,
+    out = apply({"params": params}, padded[:, t:t + 1], positions[:, t:t + 1], mask[:, t:t + 1], cache,
                       method=Transformer.forward)
     cache = out.cache
     steps.append(out.logits)
@@ -92,24 +100,25 @@ def test_grouped_moe_equals_dense_definition():
   x = jax.random.normal(jax.random.key(3), (2, 5, MOE.hidden_size))
   layer = MoE(MOE)
   variables = layer.init(jax.random.key(4), x)
-  out, _ = layer.apply(variables, x)
+  out, _ = jax.jit(layer.apply)(variables, x)
   np.testing.assert_allclose(out, _dense_moe_reference(variables["params"], MOE, x), atol=1e-5)
 
 
 def test_routing_replay_reproduces_logits_and_routes_gradients_to_router():
   params = init_params(MOE, jax.random.key(0))
   model = Transformer(MOE)
+  apply = _jitted(model)
   tokens = jax.random.randint(jax.random.key(5), (2, 6), 0, MOE.vocab_size)
-  out = model.apply({"params": params}, tokens, method=Transformer.forward)
+  out = apply({"params": params}, tokens, method=Transformer.forward)
   assert out.routed_experts.shape == (2, 6, len(MOE.moe_layers), MOE.num_experts_per_tok)
-  replay = model.apply({"params": params}, tokens, routed_experts=out.routed_experts, method=Transformer.forward)
+  replay = apply({"params": params}, tokens, routed_experts=out.routed_experts, method=Transformer.forward)
   np.testing.assert_array_equal(replay.logits, out.logits)
   # Replaying a different routing changes the output: the given indices are really used.
   other = (out.routed_experts + 1) % MOE.num_experts
-  changed = model.apply({"params": params}, tokens, routed_experts=other, method=Transformer.forward)
+  changed = apply({"params": params}, tokens, routed_experts=other, method=Transformer.forward)
   assert not np.allclose(changed.logits, out.logits)
-  grads = jax.grad(lambda p: model.apply({"params": p}, tokens, routed_experts=out.routed_experts,
-                                         method=Transformer.forward).logits.sum())(params)
+  grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, tokens, routed_experts=out.routed_experts,
+                                                 method=Transformer.forward).logits.sum()))(params)
   assert float(jnp.abs(grads["layers_0"]["moe"]["router"]).sum()) > 0
 
 
@@ -117,8 +126,8 @@ def test_bf16_compute_tracks_f32():
   cfg = DENSE.replace(dtype="bfloat16")
   params = init_params(DENSE, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(6), (2, 8), 0, DENSE.vocab_size)
-  ref = Transformer(DENSE).apply({"params": params}, tokens)
-  out = Transformer(cfg).apply({"params": params}, tokens)
+  ref = _jitted(Transformer(DENSE))({"params": params}, tokens)
+  out = _jitted(Transformer(cfg))({"params": params}, tokens)
   assert out.dtype == jnp.float32
   np.testing.assert_allclose(out, ref, atol=0.05)
   assert not np.array_equal(out, ref)
@@ -129,9 +138,9 @@ def test_tied_embeddings_have_no_lm_head():
   params = init_params(cfg, jax.random.key(0))
   assert "lm_head" not in params
   tokens = jnp.array([[1, 2, 3]])
-  h = Transformer(cfg).apply({"params": params}, tokens, method=Transformer.forward).hidden
-  np.testing.assert_allclose(Transformer(cfg).apply({"params": params}, tokens), h @ params["embedding"].T,
-                             atol=1e-5)
+  apply = _jitted(Transformer(cfg))
+  h = apply({"params": params}, tokens, method=Transformer.forward).hidden
+  np.testing.assert_allclose(apply({"params": params}, tokens), h @ params["embedding"].T, atol=1e-5)
 
 
 def test_config_errors_name_the_field():

@@ -9,6 +9,7 @@ import pytest
 
 from rlkit.train.checkpoint import Checkpointer
 from rlkit.train.metrics import read_metrics, without_timings
+from tests.cli_in_process import launch_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEST_CONFIG = os.path.join(ROOT, "configs", "grpo_arith.py") + ":test"
@@ -50,11 +51,22 @@ def _run(workdir, *overrides, timeout=300):
     ("--config.models.peer.path=x", "models has no key 'peer'. Valid keys of models: none"),   # was a traceback
 ])
 def test_config_error_is_clear_and_writes_nothing(tmp_path, override, needle):
+  """In-process (a process per case cost ~3 s of imports); test_config_errors_exit_the_process_cleanly runs
+  some of them as real processes."""
+  workdir = tmp_path / "run"
+  code, out, err = launch_in_process(f"--config={TEST_CONFIG}", f"--workdir={workdir}", override)
+  assert code == 2, (code, err[-2000:])
+  assert err.strip().startswith("Config error:") and err.strip().count("\n") == 0, err
+  assert needle.lower() in (out + err).lower(), err[-2000:]
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("override", ["--config.rl.advantage=grpoo", "--config.foo=1", "--config.models.peer.path=x"])
+def test_config_errors_exit_the_process_cleanly(tmp_path, override):
   workdir = tmp_path / "run"
   code, out, err = _run(str(workdir), override, timeout=120)
   assert code == 2, (code, err[-2000:])
   assert "Traceback" not in err and err.strip().startswith("Config error:") and err.strip().count("\n") == 0, err
-  assert needle.lower() in (out + err).lower(), err[-2000:]
   assert not workdir.exists()
 
 

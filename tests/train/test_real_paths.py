@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.cli_in_process import launch_in_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "jsonl.py")
 
@@ -200,5 +202,5 @@ def test_readme_recipes_validate(tmp_path):
   assert len(commands) >= 8
   for argv in commands:
     argv = [a for a in argv if not a.startswith("--workdir=")]
-    code, out, err = _launch(*argv, "--validate_only", f"--workdir={tmp_path / 'run'}")
+    code, out, err = launch_in_process(*argv, "--validate_only", f"--workdir={tmp_path / 'run'}")
     assert code == 0 and "config OK" in out, (argv, err[-2000:])

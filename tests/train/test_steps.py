@@ -81,6 +81,7 @@ V1_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(V1_CASES))
+@fast_compile()
 def test_v2_loss_and_gradients_equal_v1_bit_for_bit(case):
   kw = V1_CASES[case]
   c = _cfg(**kw)
@@ -98,6 +99,7 @@ def test_v2_loss_and_gradients_equal_v1_bit_for_bit(case):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@fast_compile()
 def test_v2_step_equals_v1_step_with_micro_batches():
   c = _cfg(kl_beta=0.1, aggregation="seq-mean-token-mean")
   d = _rl_dict()
@@ -224,6 +226,7 @@ def test_metric_reductions_max_and_sum_combine_across_micro_batches():
   assert int(m["rows"].value) == 8
 
 
+@fast_compile()
 def test_sft_micro_batching_matches_full_batch_and_v1():
   rng = np.random.default_rng(1)
   tokens = rng.integers(3, CFG.vocab_size, (8, 7)).astype(np.int32)
