@@ -1,8 +1,9 @@
 """rlkit.data: tasks (prompt, answer, verifier), JSONL import, tfds builders (array_record), grain pipelines.
 
-Importing the package registers every task in `TASKS` (the `jsonl` task lives in jsonl.py). The tfds and
+Importing the package registers every task in `TASKS` (the `jsonl` task lives in jsonl.py, the ProcessBench
+tasks in processbench.py). The tfds and
 grain modules are imported on demand (`rlkit.data.tfds_builders`, `rlkit.data.pipeline`): they are slower
 to import and only the data-loading path needs them.
 """
-from rlkit.data import jsonl, tasks  # noqa: F401  (registers the tasks)
+from rlkit.data import jsonl, processbench, tasks  # noqa: F401  (registers the tasks)
 from rlkit.data.tasks import TASKS, Task, make_task  # noqa: F401

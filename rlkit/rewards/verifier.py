@@ -64,7 +64,7 @@ def register_reward(name: str):
   return decorator
 
 
-def _check_float(reward: str, key: str, value) -> float:
+def check_float(reward: str, key: str, value) -> float:
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
     raise ValueError(f"reward {reward!r}: {key} must be a finite number, got {value!r}.")
   return float(value)
@@ -78,7 +78,7 @@ def verify_and_parse(task, completion: str, answer: str) -> tuple[float, bool]:
 @register_reward("verifier")
 def make_verifier(task, executor: VerifierExecutor, *, failure_reward: float = 0.0) -> RewardFn:
   """1 where the task's verifier accepts the completion, else 0 (`failure_reward` where it raised or hung)."""
-  failure_reward = _check_float("verifier", "failure_reward", failure_reward)
+  failure_reward = check_float("verifier", "failure_reward", failure_reward)
   verify = task.verify          # one bound method for every call, so the executor sends it to its worker once
 
   def reward_fn(batch: RewardBatch) -> RewardOutput:
@@ -94,8 +94,8 @@ def make_verifier(task, executor: VerifierExecutor, *, failure_reward: float = 0
 def make_verifier_format(task, executor: VerifierExecutor, *, format_reward: float = 0.1,
                          failure_reward: float = 0.0) -> RewardFn:
   """The verifier reward plus `format_reward` where the task can extract an answer (a shaping baseline)."""
-  format_reward = _check_float("verifier_format", "format_reward", format_reward)
-  failure_reward = _check_float("verifier_format", "failure_reward", failure_reward)
+  format_reward = check_float("verifier_format", "format_reward", format_reward)
+  failure_reward = check_float("verifier_format", "failure_reward", failure_reward)
   row_fn = functools.partial(verify_and_parse, task)
 
   def reward_fn(batch: RewardBatch) -> RewardOutput:

@@ -13,6 +13,12 @@ evaluated prompts are always the first `eval.num_examples` records of the test s
 comparable across steps, stages and runs. With `by_category` (config `eval.by_category`) the greedy accuracy
 is also reported per category of the task's `category(example)` (arithmetic: the operators), as
 `eval/accuracy/<category>`: which skill a policy gains or loses.
+
+A task may add its own corpus metrics (ProcessBench's F1, rlkit/data/processbench.py) through two optional
+methods: `eval_counts(record, completion) -> {name: float}`, counts of one greedy completion that add up over
+records (the same names for a record whatever the completion), and `eval_metrics(totals) -> {name: float}`,
+the metrics from the summed counts, logged as `eval/<name>`. Counts, not per-row values, cross processes, so
+a multi-process evaluation sums them before dividing and gets the one-process numbers.
 """
 from __future__ import annotations
 
@@ -95,7 +101,11 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
     lengths = host_rows(out.lengths)
     return decode_responses(tokenizer, host_rows(out.response), lengths), lengths
 
-  correct, solved, lengths, categories = [], [], [], []
+  counts_of = getattr(task, "eval_counts", None)
+  if counts_of is not None and not callable(getattr(task, "eval_metrics", None)):
+    raise ValueError(f"task {getattr(task, 'name', task)!r} defines eval_counts but no eval_metrics(totals); "
+                     "define both, or neither.")
+  correct, solved, lengths, categories, counts = [], [], [], [], {}
   for i, (chunk, real) in enumerate(_chunks(records, batch_size)):
     mine = chunk[me * local:(me + 1) * local]
     real = max(0, min(real - me * local, local))          # this process's real (unpadded) rows
@@ -105,6 +115,10 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
     lengths += out_lengths[:real].tolist()
     if by_category:
       categories += [task.category(r) for r in mine[:real]]
+    if counts_of is not None:
+      for t, r in zip(texts[:real], mine[:real]):
+        for name, value in counts_of(r, t).items():
+          counts[name] = counts.get(name, 0.0) + float(value)
     if pass_k:
       rep = np.repeat(np.arange(len(mine)), pass_k)
       chunk_key = jax.random.fold_in(key, i + 1)
@@ -129,4 +143,8 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
       hits[:, names.index(c)] += (ok, 1)
     hits = np.asarray(process_sum(list(hits.reshape(-1)))).reshape(2, -1)
     metrics.update({f"eval/accuracy/{c}": float(h / n) for c, h, n in zip(names, *hits) if n})
+  if counts_of is not None:   # the names of every record's counts, so all processes sum the same vector
+    names = sorted({name for r in records for name in counts_of(r, "")})
+    totals = process_sum([counts.get(name, 0.0) for name in names])
+    metrics.update({f"eval/{k}": float(v) for k, v in task.eval_metrics(dict(zip(names, totals))).items()})
   return metrics

@@ -61,7 +61,7 @@ def _config():
     (lambda c: _replace(c, "rl", filter=1), "rl.filter=1 has type int; expected str"),
     (lambda c: c.rl.__setitem__("filter", "dapo"), "rl.filter='dapo' is not a known group filter"),
     (lambda c: c.rl.__setitem__("augment", "teacher"), "rl.augment='teacher' is not a known augmenter"),
-    (lambda c: c.rl.reward.__setitem__("name", "rubric"), "rl.reward.name='rubric' is not a known reward"),
+    (lambda c: c.rl.reward.__setitem__("name", "rubrik"), "rl.reward.name='rubrik' is not a known reward"),
     (lambda c: c.rl.reward.kwargs.__setitem__("bonus", 1.0), "rl.reward.kwargs: reward 'verifier': unknown"),
     (lambda c: c.rl.loss_terms.__setitem__("distill", 1.0), "rl.loss_terms.distill='distill' is not a known"),
     (lambda c: c.rl.loss_terms.__setitem__("kl", 1.0), "configured by its own fields"),

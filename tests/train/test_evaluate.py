@@ -145,3 +145,35 @@ def test_jsonl_categories_come_from_a_category_field(tmp_path):
   from rlkit.data.pipeline import decode_record
   assert [task.category(decode_record(r)) for r in task.rows] == ["algebra", "none"]
   assert task.category(task.rows[0]) == "algebra"
+
+
+def test_processbench_f1_is_an_eval_metric_summed_over_chunks(monkeypatch):
+  """The task hook (`eval_counts`, `eval_metrics`): ProcessBench F1 of the greedy verdicts equals the metric
+  computed directly on the predicted indices, whatever the chunking."""
+  from rlkit.data.processbench import final_answer_baseline, synthetic_processbench
+  from rlkit.rewards.prm import parse_answer, predicted_index, processbench_metrics
+  task = make_task("processbench_chains")
+  records = synthetic_processbench(0, 6)
+  # Half the rows get the true step verdicts, half the final-answer baseline's: every subset has misses.
+  verdicts = {r["prompt"]: task.demonstration(r) if i % 2 else final_answer_baseline(r)
+              for i, r in enumerate(records)}
+
+  def answer(model, params, tokens, mask, key, cfg):
+    prompts = [TOK.decode(t[m].tolist()) for t, m in zip(np.asarray(tokens), np.asarray(mask))]
+    ids = [TOK.encode(verdicts[p]) for p in prompts]
+    response = np.zeros((len(ids), 8), np.int32)
+    for i, row in enumerate(ids):
+      response[i, :len(row)] = row
+    return SimpleNamespace(response=response, lengths=np.array([len(r) for r in ids]))
+
+  monkeypatch.setattr(ev, "generate", answer)
+  labels = [parse_answer(r["answer"]) for r in records]
+  pred = [predicted_index(verdicts[r["prompt"]], n) for r, (_, n) in zip(records, labels)]
+  want = processbench_metrics([r["subset"] for r in records], pred, [label for label, _ in labels])
+  assert 0 < want["f1"] < 100
+  for batch_size in (5, 24):                             # 5: a padded last chunk
+    got = evaluate(None, None, TOK, task, records, jax.random.key(0), batch_size=batch_size, max_prompt_len=64,
+                   max_new_tokens=8, pass_k=0)
+    assert got["eval/processbench/f1"] == pytest.approx(want["f1"])
+    assert got["eval/processbench/len7/acc_err"] == pytest.approx(want["len7/acc_err"])
+    assert got["eval/accuracy"] == pytest.approx(np.mean([p == label for p, (label, _) in zip(pred, labels)]))

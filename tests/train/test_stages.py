@@ -255,17 +255,18 @@ def _roles() -> dict:
   return {"teacher": Model(MODEL, init_params(MODEL.cfg, jax.random.key(5)), TOK, False)}
 
 
-def run_stage(overrides: dict, patches=(), logger=None) -> Run:
-  """Runs the `rl` stage of `_config(overrides)` in-process; `patches`: (module, name, wrap(original))."""
+def run_stage(overrides: dict, patches=(), logger=None, task=TASK, source=None, max_prompt_len=5) -> Run:
+  """Runs the `rl` stage of `_config(overrides)` in-process; `patches`: (module, name, wrap(original)); `source`:
+  the training examples (default: 64 of `task`'s)."""
   config = base_config()
-  config.data.max_prompt_len = 5
+  config.data.max_prompt_len = max_prompt_len
   config.eval.update(batch_size=8, max_new_tokens=MAX_NEW, pass_k=0)
   rng = np.random.default_rng(0)
-  source = [dict(TASK.make_example(rng)) for _ in range(64)]
+  source = source or [dict(task.make_example(rng)) for _ in range(64)]
   cfg = _config(overrides)
   with _fast_compile():
     params, models = _initial_params(), _roles()
-  ctx = Context(config=config, model=MODEL, tokenizer=TOK, task=TASK, train_source=source, eval_records=[],
+  ctx = Context(config=config, model=MODEL, tokenizer=TOK, task=task, train_source=source, eval_records=[],
                 logger=logger or _Log(), checkpointer=_NoCkpt(), key=jax.random.key(1), put_batch=lambda b: b,
                 models=models)
   batches, eval_steps, optimizers = [], [], []

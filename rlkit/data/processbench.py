@@ -1,0 +1,340 @@
+"""ProcessBench data: the official files, a synthetic running-sum analogue, and its task `processbench_chains`.
+
+ProcessBench (FOUND: https://huggingface.co/papers/2412.06559, data `Qwen/ProcessBench` on the HF hub): one file per
+subset (gsm8k, math, olympiadbench, omnimath), rows {"id", "generator", "problem", "steps": [str],
+"final_answer_correct": bool, "label": int}, `label` = 0-based index of the earliest wrong step, -1 if none.
+`load_processbench` turns them into rlkit examples: the problem and its numbered steps as the prompt, answer
+"<label>/<number of steps>" (rlkit.rewards.prm.format_answer; the verifier needs the count to refuse a verdict of
+the wrong length), and every official field kept as an extra field. A verifier answers with one verdict character
+per step, '+' correct or '-' wrong (rlkit.rewards.prm).
+
+Synthetic chains (DESIGN, ../shared/methods/llm.md §3, the tiny TIPS experiment): a start number, then steps that
+each add an operand to the previous written result. Prompt "5+3=8+4=12+2=14>", steps ["5+3=8", "8+4=12", "12+2=14"].
+A step is wrong when its own sum is wrong (a + b != c for the a it was given), so one injected error makes exactly
+one step wrong and carries into the final answer. A *trap* adds a second error at a later step that cancels the
+first: the final answer is right, the process is not (label = the first error, final_answer_correct True). These
+are the cases an outcome-only reward teaches a verifier to accept. Four subsets of rising difficulty:
+
+  subset  steps  operands      subset  steps  operands
+  len3    3-4    1-9           len5    5-6    1-49
+  len4    4-5    1-19          len7    7-8    1-99      (every prompt stays under 64 characters)
+
+Prompts and verdicts use only characters of the char tokenizer's DEFAULT_ALPHABET. Real ProcessBench text does
+not (it needs an HF tokenizer), which `load_processbench` allows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Mapping, NamedTuple, Optional
+
+import numpy as np
+
+from rlkit.data.jsonl import JsonlTask
+from rlkit.data.tasks import TASKS
+from rlkit.rewards.prm import (NO_ERROR, STEP_OK, STEP_WRONG, format_answer, parse_answer, predicted_index,
+                              processbench_counts, processbench_from_counts)
+
+OFFICIAL_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
+PROMPT_TEMPLATE = "{problem}\n\n{steps}\n\nVerdict, one character per step (+ correct, - wrong):\n"
+STEP_TEMPLATE = "Step {index}: {step}"     # 0-based, as ProcessBench labels (the official prompt's <paragraph_0>)
+MAX_REPORTED_ROWS = 20                     # an error lists the first ones in full and counts the rest
+
+# ----------------------------------------------------------------------------------------------------------
+# Official files
+
+
+def processbench_prompt(problem: str, steps: list[str]) -> str:
+  steps_text = "\n".join(STEP_TEMPLATE.format(index=i, step=step) for i, step in enumerate(steps))
+  return PROMPT_TEMPLATE.format(problem=problem, steps=steps_text)
+
+
+def _row_problems(row: Any) -> list[tuple[str, str]]:
+  """(field, what is wrong and how to fix it) for every problem of one official row."""
+  if not isinstance(row, dict):
+    return [("<row>", f"expected a JSON object, got {type(row).__name__}")]
+  problems = []
+  if not isinstance(row.get("problem"), str):
+    problems.append(("problem", f"must be the problem text (a string), got {row.get('problem')!r:.60}"))
+  steps = row.get("steps")
+  steps_ok = isinstance(steps, list) and steps and all(isinstance(s, str) for s in steps)
+  if not steps_ok:
+    problems.append(("steps", f"must be a non-empty list of strings (one per solution step), got {steps!r:.60}"))
+  if not isinstance(row.get("final_answer_correct"), bool):
+    problems.append(("final_answer_correct", "must be true or false (does the final answer match the "
+                     f"reference), got {row.get('final_answer_correct')!r}"))
+  label = row.get("label")
+  if isinstance(label, bool) or not isinstance(label, int):
+    problems.append(("label", f"must be an integer (-1 or a 0-based step index), got {label!r}"))
+  elif steps_ok and not NO_ERROR <= label < len(steps):
+    problems.append(("label", f"must be -1 (no error) or a 0-based index of the earliest wrong step in "
+                     f"[0, {len(steps) - 1}], got {label}; 1-based labels must be lowered by one"))
+  return problems
+
+
+def _read_rows(path: str) -> list[tuple[str, Any]]:
+  """(where, row) for every row of a JSON list or a JSON Lines file, told apart by the first character (HF
+  `Dataset.to_json` writes JSON Lines whatever the file is called)."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  if text.lstrip().startswith("["):
+    try:
+      rows = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"load_processbench: {path} is not valid JSON ({e.msg} at line {e.lineno}, column "
+                       f"{e.colno}).") from None
+    return [(f"row {i}", row) for i, row in enumerate(rows)]
+  rows = []
+  for line_no, line in enumerate(text.splitlines(), 1):
+    if line.strip():
+      try:
+        rows.append((f"row {len(rows)} (line {line_no})", json.loads(line)))
+      except json.JSONDecodeError as e:
+        raise ValueError(f"load_processbench: {path} line {line_no} is not valid JSON ({e.msg} at column "
+                         f"{e.colno}); a file holds one JSON list of rows or one JSON object per line.") from None
+  return rows
+
+
+def _subset_files(path: str) -> list[tuple[str, str]]:
+  """(subset, file) pairs: every <subset>.json / <subset>.jsonl of a folder, or the one file `path`."""
+  if os.path.isfile(path):
+    return [(os.path.splitext(os.path.basename(path))[0], path)]
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"load_processbench: {path!r} is neither a file nor a folder.")
+  files = sorted(name for name in os.listdir(path) if name.endswith((".json", ".jsonl")))
+  stems = [os.path.splitext(name)[0] for name in files]
+  twice = sorted({s for s in stems if stems.count(s) > 1})
+  if twice:
+    raise ValueError(f"load_processbench: {path} holds both a .json and a .jsonl file for subset(s) {twice}; "
+                     "keep one per subset.")
+  if not files:
+    raise ValueError(f"load_processbench: no <subset>.json or <subset>.jsonl file in {path}; expected the "
+                     f"Qwen/ProcessBench subsets {list(OFFICIAL_SUBSETS)}, e.g. written with "
+                     "datasets.load_dataset('Qwen/ProcessBench', split='gsm8k').to_json('gsm8k.jsonl').")
+  return [(stem, os.path.join(path, name)) for stem, name in zip(stems, files)]
+
+
+def load_processbench(path: str) -> list[dict]:
+  """Examples {"prompt", "answer", "subset", "problem", "steps", "final_answer_correct", "label", "id",
+  "generator"} from a folder of official <subset>.json(l) files or from one such file (subset = file stem).
+
+  Every invalid row of every file is reported in one ValueError, naming the file, the row and the field.
+  """
+  examples, problems = [], []
+  for subset, file in _subset_files(path):
+    rows = _read_rows(file)
+    if not rows:
+      problems.append(f"{file}: no rows")
+    for i, (where, row) in enumerate(rows):
+      bad = _row_problems(row)
+      problems += [f"{file}: {where}: field {field!r} {message}" for field, message in bad]
+      if bad:
+        continue
+      steps = list(row["steps"])
+      examples.append({
+          "prompt": processbench_prompt(row["problem"], steps), "answer": format_answer(row["label"], len(steps)),
+          "subset": subset, "problem": row["problem"], "steps": steps,
+          "final_answer_correct": row["final_answer_correct"], "label": row["label"],
+          "id": row.get("id", f"{subset}-{i}"), "generator": row.get("generator")})
+  if problems:
+    shown = problems[:MAX_REPORTED_ROWS]
+    more = f"\n  ... and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
+    raise ValueError(f"load_processbench: {len(problems)} problem(s) in {path}:\n  " + "\n  ".join(shown) + more
+                     + "\nRows follow the Qwen/ProcessBench layout: {\"id\", \"generator\", \"problem\", "
+                     "\"steps\": [str], \"final_answer_correct\": bool, \"label\": int}.")
+  return examples
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Synthetic running-sum chains
+
+
+class Difficulty(NamedTuple):
+  min_steps: int
+  max_steps: int
+  max_operand: int     # the start and every operand are uniform in [1, max_operand]
+
+
+SUBSETS = {"len3": Difficulty(3, 4, 9), "len4": Difficulty(4, 5, 19), "len5": Difficulty(5, 6, 49),
+           "len7": Difficulty(7, 8, 99)}
+_STEP = re.compile(r"^(\d+)\+(\d+)=(\d+)$")
+
+
+def make_chain(rng: np.random.Generator, subset: str, erroneous: bool, trap: bool, max_error: int) -> dict:
+  """One chain of `subset`: correct, with one injected error, or (trap) with a second, cancelling one."""
+  difficulty = SUBSETS[subset]
+  n_steps = int(rng.integers(difficulty.min_steps, difficulty.max_steps + 1))
+  start = int(rng.integers(1, difficulty.max_operand + 1))
+  operands = [int(b) for b in rng.integers(1, difficulty.max_operand + 1, size=n_steps)]
+  true_results = np.cumsum([start] + operands)[1:].tolist()
+  offsets = [0] * n_steps             # written result - true result, per step
+  first_error = NO_ERROR
+  if erroneous:
+    # A trap needs a later step to cancel the error on; the error may be negative only if results stay >= 0.
+    first_error = int(rng.integers(0, n_steps - 1 if trap else n_steps))
+    delta = int(rng.integers(1, max_error + 1))
+    if rng.random() < 0.5 and true_results[first_error] - delta >= 0:
+      delta = -delta
+    fix = int(rng.integers(first_error + 1, n_steps)) if trap else n_steps
+    offsets = [delta if first_error <= i < fix else 0 for i in range(n_steps)]
+  written = [r + o for r, o in zip(true_results, offsets)]
+  steps = [f"{a}+{b}={c}" for a, b, c in zip([start] + written[:-1], operands, written)]
+  return {"prompt": str(start) + "".join(s[s.index("+"):] for s in steps) + ">",
+          "answer": format_answer(first_error, n_steps), "subset": subset, "steps": steps,
+          "final_answer_correct": written[-1] == true_results[-1], "label": first_error,
+          "trap": bool(erroneous and trap)}
+
+
+def step_verdicts(steps: list[str]) -> str:
+  """The true verdict of a chain: each step's own correctness, '+' where a + b = c, else '-'."""
+  verdicts = []
+  for step in steps:
+    m = _STEP.match(step)
+    if m is None:
+      raise ValueError(f"step_verdicts: {step!r} is not a running-sum step 'a+b=c'; only synthetic chains "
+                       "(synthetic_processbench, processbench_chains) have per-step labels.")
+    a, b, c = map(int, m.groups())
+    verdicts.append(STEP_OK if a + b == c else STEP_WRONG)
+  return "".join(verdicts)
+
+
+def synthetic_processbench(seed: int, per_subset: int, *, error_frac: float = 0.5, trap_frac: float = 0.2,
+                           max_error: int = 9) -> list[dict]:
+  """A fixed evaluation set: `per_subset` chains of each subset, exactly round(per_subset * error_frac) of them
+  erroneous and round(that * trap_frac) of those traps, in a seeded order. Deterministic given the arguments."""
+  _check_fracs("synthetic_processbench", error_frac, trap_frac, max_error)
+  rng = np.random.default_rng(seed)
+  n_err = int(round(per_subset * error_frac))
+  n_trap = int(round(n_err * trap_frac))
+  kinds = [(True, True)] * n_trap + [(True, False)] * (n_err - n_trap) + [(False, False)] * (per_subset - n_err)
+  examples = []
+  for subset in SUBSETS:
+    for i, k in enumerate(rng.permutation(len(kinds))):
+      example = make_chain(rng, subset, *kinds[k], max_error)
+      examples.append({**example, "id": f"{subset}-{i}"})
+  return examples
+
+
+def final_answer_baseline(example: Mapping[str, Any]) -> str:
+  """The lower bound of the TIPS experiment: a final-answer checker, which flags the last step iff the final
+  answer is wrong. It cannot localise an error, and it accepts traps."""
+  n_steps = len(example["steps"])
+  return STEP_OK * n_steps if example["final_answer_correct"] else STEP_OK * (n_steps - 1) + STEP_WRONG
+
+
+def _check_fracs(where: str, error_frac, trap_frac, max_error) -> None:
+  for key, value in (("error_frac", error_frac), ("trap_frac", trap_frac)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+      raise ValueError(f"{where}: {key} must be a number in [0, 1], got {value!r}.")
+  if isinstance(max_error, bool) or not isinstance(max_error, (int, np.integer)) or max_error < 1:
+    raise ValueError(f"{where}: max_error must be an integer >= 1, got {max_error!r}.")
+
+
+class VerdictGrading:
+  """What both ProcessBench tasks grade and report: the verdict string against the label (the exact ProcessBench
+  match), the subset as the category, and ProcessBench's F1 over subsets as eval metrics (`eval/processbench/f1`
+  and per subset `eval/processbench/<subset>/f1`, `/acc_err`, `/acc_cor`, rlkit/train/evaluate.py's hook)."""
+
+  def extract_answer(self, completion_text: str) -> Optional[str]:
+    """The verdict string, stripped; None unless it is non-empty '+'/'-' only (the step count is checked by
+    `verify`, which knows it)."""
+    text = completion_text.strip()
+    return text if text and set(text) <= {STEP_OK, STEP_WRONG} else None
+
+  def verify(self, completion_text: str, answer: str) -> float:
+    label, n_steps = parse_answer(answer)
+    return float(predicted_index(completion_text, n_steps) == label)
+
+  def demonstration(self, example: Mapping[str, Any]) -> str:
+    """The label as a verdict: '+' before the earliest wrong step, '-' on it and '+' after it (ProcessBench
+    labels say nothing about later steps)."""
+    label, n_steps = parse_answer(example["answer"])
+    return STEP_OK * n_steps if label == NO_ERROR else STEP_OK * label + STEP_WRONG + STEP_OK * (n_steps - label - 1)
+
+  def category(self, example: Mapping[str, Any]) -> str:
+    """The subset; `example` is a row (extra fields at the top) or a decoded record (in `fields`)."""
+    return str((example.get("fields") or example)["subset"])
+
+  def eval_counts(self, example: Mapping[str, Any], completion_text: str) -> dict[str, float]:
+    label, n_steps = parse_answer(example["answer"])
+    counts = processbench_counts(self.category(example), predicted_index(completion_text, n_steps), label)
+    return {f"processbench/{k}": v for k, v in counts.items()}
+
+  def eval_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
+    prefix = "processbench/"
+    metrics = processbench_from_counts({k[len(prefix):]: v for k, v in totals.items() if k.startswith(prefix)})
+    return {prefix + k: v for k, v in metrics.items() if not k.endswith(("/num_err", "/num_cor"))}
+
+
+@TASKS.register("processbench_chains")
+@dataclasses.dataclass(frozen=True)
+class ProcessBenchChains(VerdictGrading):
+  """Find the earliest wrong step of a running-sum chain (module docstring): prompt "5+3=8+4=13+2=15>", target
+  "+-+" (8+4 != 13). Graded by the exact ProcessBench match: the first '-' must be the label (-1: all '+').
+
+  Each example draws its subset uniformly from `subsets`, is erroneous with probability `error_frac`, and an
+  erroneous one is a trap with probability `trap_frac`; injected errors are 1..max_error off.
+  """
+  subsets: tuple = tuple(SUBSETS)
+  error_frac: float = 0.5
+  trap_frac: float = 0.2
+  max_error: int = 9
+  name: str = dataclasses.field(default="processbench_chains", init=False)
+  # final_answer_correct: the tips_outcome reward; steps: the demonstration; subset: category; label: the metric.
+  required_fields: tuple = dataclasses.field(default=("final_answer_correct", "label", "steps", "subset"),
+                                             init=False)
+
+  def __post_init__(self):
+    subsets = tuple(self.subsets) if isinstance(self.subsets, (tuple, list)) else None
+    if not subsets or any(s not in SUBSETS for s in subsets):
+      raise ValueError(f"task {self.name!r}: subsets must be a non-empty list of {list(SUBSETS)}, got "
+                       f"{self.subsets!r}.")
+    object.__setattr__(self, "subsets", subsets)
+    _check_fracs(f"task {self.name!r}", self.error_frac, self.trap_frac, self.max_error)
+
+  def make_example(self, rng: np.random.Generator) -> dict[str, Any]:
+    subset = self.subsets[int(rng.integers(len(self.subsets)))]
+    erroneous = bool(rng.random() < self.error_frac)
+    trap = erroneous and bool(rng.random() < self.trap_frac)
+    return make_chain(rng, subset, erroneous, trap, self.max_error)
+
+  def demonstration(self, example: Mapping[str, Any]) -> str:
+    """Every step's own verdict (a trap's cancelling step is '-' too): the supervised target."""
+    return step_verdicts(example["steps"])
+
+
+@TASKS.register("processbench")
+@dataclasses.dataclass(frozen=True)
+class ProcessBenchFiles(VerdictGrading, JsonlTask):
+  """Serves ProcessBench examples from files, graded as `processbench_chains` is: the official Qwen/ProcessBench
+  files converted once with `python -m rlkit.data.processbench --official=DIR --out=FILE.jsonl` (or any JSONL of
+  such examples), given as data.test_jsonl (and data.train_jsonl). Real ProcessBench text needs an HF tokenizer."""
+  name: str = dataclasses.field(default="processbench", init=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "required_fields", tuple(self.required_fields) or ("subset", "steps"))
+    super().__post_init__()
+
+
+def main(argv=None) -> None:
+  """Converts official ProcessBench files (a folder of <subset>.json(l), or one file) to one rlkit JSONL file."""
+  import argparse
+  parser = argparse.ArgumentParser(description=main.__doc__)
+  parser.add_argument("--official", required=True, help="folder of gsm8k.json, math.json, ... or one such file")
+  parser.add_argument("--out", required=True, help="the JSONL file to write")
+  args = parser.parse_args(argv)
+  try:
+    examples = load_processbench(args.official)
+  except (OSError, ValueError) as e:
+    raise SystemExit(f"error: {e}") from None
+  tmp = args.out + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(json.dumps(e) + "\n" for e in examples)
+  os.replace(tmp, args.out)       # never a half-written file under the real name
+  print(f"wrote {len(examples)} examples ({', '.join(sorted({e['subset'] for e in examples}))}) to {args.out}")
+
+
+if __name__ == "__main__":
+  main()

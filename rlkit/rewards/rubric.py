@@ -1,0 +1,350 @@
+"""Rubric rewards: per-item checks on a completion, aggregated additively (HealthBench) or by ProRubric.
+
+ProRubric is our design (DESIGN, ../shared/methods/llm.md §1), not a paper's method: it targets the *false
+credit* of flat rubric scores, where a completion collects points for criteria that only count once the
+decision that licenses them is right. Item k has points w_k (negative: a penalty), a group g(k) of items that
+must succeed together, a `critical` flag, and a judgment p_k in [0, 1] (1: met). With Z = Σ_{w_k>0} w_k:
+
+  additive  = Σ_k w_k p_k / Z                            HealthBench's per-example score (0/1 p, unclipped)
+  s_j       = Π_{k∈j, w_k>0} p_k                         soft AND over a group's positive items (log space)
+  gain      = Σ_j (Σ_{k∈j, w_k>0} w_k) s_j / Z
+  gate      = λ + (1-λ) Π_{k critical} p_k               λ = gate_floor; λ=0 is a hard gate, λ=1 no gate
+  penalty   = Σ_{w_k<0} w_k p_k / Z                      never gated: failing the gate must not escape it
+  reward    = gate · gain + penalty
+
+Modes (`MODES`) switch the two structures on and off: `additive` (singleton groups, no gate: reward ==
+additive), `grouped` (gate ≡ 1), `gated` (singleton groups), `gated_grouped` (both). HealthBench's benchmark
+number is the mean of the per-example scores clipped to [0, 1] (`healthbench_score`; simple-evals
+healthbench_eval.py, `calculate_score` and `_compute_clipped_stats`).
+
+Rubric format, one list per example in an extra field (default "rubric"), each item a dict:
+
+  {"criterion": "states the sum", "points": 3, "group": "answer", "critical": true,
+   "check": {"kind": "answer_correct"}}
+
+`group` (str or int) is optional: an item without one is its own group. `critical` defaults to false; a
+penalty cannot be critical. `check.kind` names an item judge in `ITEM_JUDGES` (exact checkers for synthetic
+tasks: contains, not_contains, regex, answer_correct), the other keys of `check` are its parameters. `tags`
+(HealthBench's) is accepted and ignored. `parse_rubric` refuses anything else, naming the example and item.
+
+The registered reward "rubric" judges every item of every row in the executor's worker (judges run on model
+output: a regex can backtrack for ever), aggregates with `aggregate`, and returns rewards = reward, components
+{gain, penalty, gate, additive} (the additive proxy is logged in every mode) and `correct` = every critical
+item met, or, in a rubric without a critical item, every positive item met (our choice: the critical items are
+the rubric's definition of success; penalties do not enter it). A row whose judging raised or hung scores
+`failure_reward`, is not correct, and its components are those of a completion that meets no item.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from rlkit.core.registry import Registry
+from rlkit.rewards.batch import RewardBatch, RewardOutput
+from rlkit.rewards.executor import VerifierExecutor
+from rlkit.rewards.verifier import RewardFn, check_float, register_reward
+
+MET = 0.5                   # a judgment above this counts as met (for `correct`); exact judges give 0 or 1
+
+
+# ----------------------------------------------------------------------------------------------- item judges
+
+class ItemJudge(NamedTuple):
+  """An item checker `judge(task, completion, answer, params) -> float in [0, 1]` and the `check` parameters
+  it takes (name -> type). `validate(params)` returns a problem with valid-typed params, or None."""
+  judge: Callable[[Any, str, str, Mapping[str, Any]], float]
+  required: Mapping[str, type]
+  optional: Mapping[str, type]
+  validate: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
+
+
+ITEM_JUDGES: Registry[ItemJudge] = Registry("rubric item judge")
+
+
+def register_item_judge(name: str, *, required: Optional[Mapping[str, type]] = None,
+                        optional: Optional[Mapping[str, type]] = None, validate=None):
+  """Registers a module-level judge function as check kind `name` (module-level, so the worker can import it)."""
+  def decorator(judge):
+    ITEM_JUDGES.add(name, ItemJudge(judge, dict(required or {}), dict(optional or {}), validate))
+    return judge
+  return decorator
+
+
+def _fold(text: str, params: Mapping[str, Any]) -> str:
+  return text if params.get("case_sensitive", True) else text.casefold()
+
+
+@register_item_judge("contains", required={"text": str}, optional={"case_sensitive": bool})
+def judge_contains(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
+  return float(_fold(params["text"], params) in _fold(completion, params))
+
+
+@register_item_judge("not_contains", required={"text": str}, optional={"case_sensitive": bool})
+def judge_not_contains(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
+  return 1.0 - judge_contains(task, completion, answer, params)
+
+
+def _pattern_problem(params: Mapping[str, Any]) -> Optional[str]:
+  try:
+    re.compile(params["pattern"])
+  except re.error as e:
+    return f"check.pattern {params['pattern']!r} is not a valid regular expression ({e})"
+  return None
+
+
+@register_item_judge("regex", required={"pattern": str}, validate=_pattern_problem)
+def judge_regex(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
+  return float(re.search(params["pattern"], completion) is not None)
+
+
+@register_item_judge("answer_correct")
+def judge_answer_correct(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
+  """The task's verifier accepts the completion (its score above 0.5, as in the "verifier" reward)."""
+  return float(task.verify(completion, answer) > 0.5)
+
+
+# ----------------------------------------------------------------------------------------------- rubric format
+
+class ItemCheck(NamedTuple):
+  kind: str
+  judge: Callable[[Any, str, str, Mapping[str, Any]], float]
+  params: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rubric:
+  """One example's parsed rubric: K items, groups numbered 0..M-1 in order of first appearance."""
+  criteria: tuple[str, ...]
+  points: tuple[float, ...]
+  groups: tuple[int, ...]
+  critical: tuple[bool, ...]
+  checks: tuple[ItemCheck, ...]
+
+  @property
+  def num_groups(self) -> int:
+    return max(self.groups) + 1
+
+
+_ITEM_KEYS = ("criterion", "points", "group", "critical", "check", "tags")
+
+
+def _parse_check(check, fail) -> ItemCheck:
+  if not isinstance(check, Mapping):
+    fail(f"'check' is {check!r}", 'give a dict {"kind": <judge>, ...its parameters}')
+  kind = check.get("kind")
+  if not isinstance(kind, str) or kind not in ITEM_JUDGES:
+    fail(f"check.kind is {kind!r}" if "kind" in check else "check has no 'kind'",
+         f"set check.kind to one of {ITEM_JUDGES.names()}")
+  spec = ITEM_JUDGES.get(kind)
+  params = {key: value for key, value in check.items() if key != "kind"}
+  missing = [key for key in spec.required if key not in params]
+  if missing:
+    fail(f"check of kind {kind!r} lacks parameter(s) {missing}", f"add them ({kind!r} takes "
+         f"{sorted(spec.required)} and optionally {sorted(spec.optional)})")
+  types = {**spec.required, **spec.optional}
+  for key, value in params.items():
+    if key not in types:
+      fail(f"check of kind {kind!r} has unknown parameter {key!r}", f"use only {sorted(types)}")
+    if not isinstance(value, types[key]) or (types[key] is not bool and isinstance(value, bool)):
+      fail(f"check.{key} is {value!r}", f"give a {types[key].__name__}")
+  problem = spec.validate(params) if spec.validate else None
+  if problem:
+    fail(problem, "fix the check's parameters")
+  return ItemCheck(kind, spec.judge, params)
+
+
+def parse_rubric(items, where: str) -> Rubric:
+  """Validates a rubric (the format in the module docstring). A ValueError names `where` (the example), the
+  item index, the bad field and the fix."""
+  if not isinstance(items, (list, tuple)) or not items:
+    raise ValueError(f"{where}: the rubric must be a non-empty list of items, got {items!r:.80}.")
+  criteria, points, groups, critical, checks = [], [], [], [], []
+  group_index: dict[Any, int] = {}
+  for k, item in enumerate(items):
+    def fail(problem: str, fix: str):
+      raise ValueError(f"{where}, rubric item {k}: {problem}; {fix}.")
+
+    if not isinstance(item, Mapping):
+      fail(f"expected a dict, got {type(item).__name__}", "give each item criterion, points and check")
+    unknown = sorted(set(item) - set(_ITEM_KEYS))
+    if unknown:
+      fail(f"unknown field(s) {unknown}", f"use only {list(_ITEM_KEYS)}")
+    for key in ("criterion", "points", "check"):
+      if key not in item:
+        fail(f"{key!r} is missing", f"give every item {key!r} (format: rlkit/rewards/rubric.py)")
+    criterion, w = item["criterion"], item["points"]
+    if not isinstance(criterion, str) or not criterion.strip():
+      fail(f"'criterion' is {criterion!r}", "give a non-empty string saying what the item checks")
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w == 0:
+      fail(f"'points' is {w!r}", "give a finite non-zero number (negative for a penalty)")
+    group = item.get("group")
+    if group is None:
+      group = ("ungrouped", k)        # a key no str or int group can equal: its own singleton group
+    elif isinstance(group, bool) or not isinstance(group, (str, int)):
+      fail(f"'group' is {group!r}", "give a string or an int, or leave it out for a group of one")
+    is_critical = item.get("critical", False)
+    if not isinstance(is_critical, bool):
+      fail(f"'critical' is {is_critical!r}", "give true or false")
+    if is_critical and w < 0:
+      fail(f"a penalty ({w} points) is marked critical", "drop 'critical' (penalties are never gated)")
+    checks.append(_parse_check(item["check"], fail))
+    criteria.append(criterion)
+    points.append(float(w))
+    groups.append(group_index.setdefault(group, len(group_index)))
+    critical.append(is_critical)
+  if not any(w > 0 for w in points):
+    raise ValueError(f"{where}: the rubric has no item with positive points, so no score can be normalised; "
+                     "add at least one positive item.")
+  return Rubric(tuple(criteria), tuple(points), tuple(groups), tuple(critical), tuple(checks))
+
+
+def pack_rubrics(rubrics: Sequence[Rubric]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """Stacks N rubrics into (points [N,K] float32, group_onehot [N,K,M] float32, critical [N,K] bool,
+  valid [N,K] bool). Padded items have zero points, no group and are not critical: they contribute nothing."""
+  n = len(rubrics)
+  k_max = max((len(r.points) for r in rubrics), default=0)
+  m_max = max((r.num_groups for r in rubrics), default=0)
+  points = np.zeros((n, k_max), np.float32)
+  onehot = np.zeros((n, k_max, m_max), np.float32)
+  critical = np.zeros((n, k_max), bool)
+  valid = np.zeros((n, k_max), bool)
+  for i, r in enumerate(rubrics):
+    k = len(r.points)
+    points[i, :k] = r.points
+    onehot[i, np.arange(k), r.groups] = 1.0
+    critical[i, :k] = r.critical
+    valid[i, :k] = True
+  return points, onehot, critical, valid
+
+
+# ----------------------------------------------------------------------------------------------- aggregation
+
+class AggregationMode(NamedTuple):
+  grouped: bool     # soft AND over each group's positive items (else each item is its own group)
+  gated: bool       # gain multiplied by the softened critical gate (else gate ≡ 1)
+
+
+MODES: Registry[AggregationMode] = Registry("rubric aggregation mode")
+MODES.add("additive", AggregationMode(grouped=False, gated=False))
+MODES.add("grouped", AggregationMode(grouped=True, gated=False))
+MODES.add("gated", AggregationMode(grouped=False, gated=True))
+MODES.add("gated_grouped", AggregationMode(grouped=True, gated=True))
+
+
+def _soft_and(p, membership, eps: float):
+  """Π_{k in set m} p_k for each set m of membership [N,K,M], as a sum of logs. A p below eps makes its set's
+  product exactly 0 (instead of a floor of eps leaking credit through every failed group)."""
+  log_p = jnp.log(jnp.maximum(p, eps))
+  product = jnp.exp(jnp.einsum("nk,nkm->nm", log_p, membership))
+  below = jnp.einsum("nk,nkm->nm", (p < eps).astype(p.dtype), membership)
+  return jnp.where(below > 0, 0.0, product)
+
+
+def aggregate(p, points, group_onehot, critical, *, mode: str = "gated_grouped", gate_floor=0.0,
+              eps: float = 1e-6) -> dict[str, jnp.ndarray]:
+  """Rubric scores of N rows from item judgments p [N,K] in [0,1] (the module docstring's maths).
+
+  Pure jnp, no loop over items; jit with `mode` (and `eps`) static, `gate_floor` may be traced. Returns [N]
+  arrays: reward, gain (ungated), penalty (<= 0), gate, additive (HealthBench's score, in every mode).
+  """
+  structure = MODES.get(mode)
+  p = jnp.asarray(p)
+  dtype = jnp.result_type(p.dtype, jnp.float32)
+  p = p.astype(dtype)
+  points = jnp.asarray(points, dtype)
+  group_onehot = jnp.asarray(group_onehot, dtype)
+  positive = jnp.where(points > 0, points, 0.0)
+  total = positive.sum(-1)
+  z = jnp.where(total > 0, total, 1.0)          # a row of padding only scores 0, not NaN
+  flat_gain = (p * positive).sum(-1) / z
+  penalty = (p * jnp.where(points < 0, points, 0.0)).sum(-1) / z
+  if structure.grouped:
+    membership = (points > 0).astype(dtype)[..., None] * group_onehot
+    group_points = jnp.einsum("nk,nkm->nm", positive, group_onehot)
+    gain = (_soft_and(p, membership, eps) * group_points).sum(-1) / z
+  else:
+    gain = flat_gain                            # singleton groups: s_j = p_k exactly
+  if structure.gated:
+    all_critical = _soft_and(p, jnp.asarray(critical, dtype)[..., None], eps)[..., 0]   # 1 with none
+    gate = gate_floor + (1.0 - gate_floor) * all_critical
+  else:
+    gate = jnp.ones_like(gain)
+  return {"reward": gate * gain + penalty, "gain": gain, "penalty": penalty, "gate": gate,
+          "additive": flat_gain + penalty}
+
+
+def healthbench_score(per_example_scores):
+  """HealthBench's benchmark number: the mean per-example (additive) score, clipped to [0, 1] after the mean."""
+  return jnp.clip(jnp.mean(jnp.asarray(per_example_scores)), 0.0, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------- the reward
+
+def judge_rubric_row(task, checks: Sequence[ItemCheck], width: int, completion: str, answer: str):
+  """One row in the executor's worker: every item's judgment, zero-padded to `width` items."""
+  scores = [0.0] * width
+  for k, check in enumerate(checks):
+    score = float(check.judge(task, completion, answer, check.params))
+    if not 0.0 <= score <= 1.0:               # NaN fails this too
+      raise ValueError(f"rubric item {k}: judge {check.kind!r} returned {score}, outside [0, 1]")
+    scores[k] = score
+  return scores[0] if width == 1 else scores  # the executor takes a bare float for a one-value row
+
+
+def _batch_rubrics(batch: RewardBatch, field: str) -> list[Rubric]:
+  parsed: dict[int, Rubric] = {}              # rows of one example share its list: parse it once per call
+  rubrics = []
+  for i, (fields, prompt) in enumerate(zip(batch.fields, batch.prompts)):
+    where = f"reward 'rubric': row {i}'s example (prompt {prompt[:40]!r})"
+    if field not in fields:
+      raise ValueError(f"{where} has no {field!r} field (its fields: {sorted(fields)}); give every example a "
+                       f"{field!r} list of rubric items, or set the reward's `field` kwarg to the field that "
+                       "holds them.")
+    items = fields[field]
+    if id(items) not in parsed:
+      parsed[id(items)] = parse_rubric(items, where)
+    rubrics.append(parsed[id(items)])
+  return rubrics
+
+
+@register_reward("rubric")
+def make_rubric_reward(task, executor: VerifierExecutor, *, mode: str = "gated_grouped", gate_floor: float = 0.0,
+                       field: str = "rubric", failure_reward: float = 0.0) -> RewardFn:
+  """Rubric reward: each example's rubric (its `field`) judged item by item and aggregated by `mode`."""
+  if mode not in MODES:
+    raise ValueError(f"reward 'rubric': mode must be one of {MODES.names()}, got {mode!r}.")
+  gate_floor = check_float("rubric", "gate_floor", gate_floor)
+  failure_reward = check_float("rubric", "failure_reward", failure_reward)
+  if not 0.0 <= gate_floor <= 1.0:
+    raise ValueError(f"reward 'rubric': gate_floor must be in [0, 1] (0: hard gate, 1: no gate), got {gate_floor}.")
+  if not isinstance(field, str) or not field:
+    raise ValueError(f"reward 'rubric': field must be the name of an example field, got {field!r}.")
+  judge_row = functools.partial(judge_rubric_row, task)   # one object: the executor sends it to its worker once
+
+  def reward_fn(batch: RewardBatch) -> RewardOutput:
+    n = len(batch)
+    if n == 0:
+      empty = np.zeros(0, np.float64)
+      return RewardOutput(empty, np.zeros(0, bool), {k: empty for k in ("gain", "penalty", "gate", "additive")}, {})
+    rubrics = _batch_rubrics(batch, field)
+    points, onehot, critical, _ = pack_rubrics(rubrics)
+    width = points.shape[1]
+    rows = [(r.checks, width, c, a) for r, c, a in zip(rubrics, batch.completions, batch.answers)]
+    out = executor.map(judge_row, rows, fallback=np.zeros(width))
+    p = out.values.reshape(n, width)
+    parts = {name: np.asarray(value, np.float64)
+             for name, value in aggregate(p, points, onehot, critical, mode=mode, gate_floor=gate_floor).items()}
+    met = p > MET
+    has_critical = critical.any(-1)
+    required = np.where(has_critical[:, None], critical, points > 0)
+    correct = np.all(met | ~required, axis=-1) & ~out.failed
+    rewards = np.where(out.failed, failure_reward, parts["reward"])
+    components = {name: parts[name] for name in ("gain", "penalty", "gate", "additive")}
+    return RewardOutput(rewards=rewards, correct=correct, components=components, failures=out.failures)
+  return reward_fn
