@@ -258,14 +258,36 @@ class VerdictGrading:
     return str((example.get("fields") or example)["subset"])
 
   def eval_counts(self, example: Mapping[str, Any], completion_text: str) -> dict[str, float]:
+    """ProcessBench counts of every row (`processbench/`); where the example says whether it is a trap (the
+    synthetic chains), also the non-trap rows' (`processbench_nontrap/`) and the traps' matches."""
+    fields = example.get("fields") or example
     label, n_steps = parse_answer(example["answer"])
-    counts = processbench_counts(self.category(example), predicted_index(completion_text, n_steps), label)
-    return {f"processbench/{k}": v for k, v in counts.items()}
+    pred = predicted_index(completion_text, n_steps)
+    counts = processbench_counts(self.category(example), pred, label)
+    out = {f"processbench/{k}": v for k, v in counts.items()}
+    if "trap" in fields:
+      if fields["trap"]:
+        out.update({"processbench_traps/num": 1.0, "processbench_traps/hits": float(pred == label)})
+      else:
+        out.update({f"processbench_nontrap/{k}": v for k, v in counts.items()})
+    return out
 
   def eval_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
-    prefix = "processbench/"
-    metrics = processbench_from_counts({k[len(prefix):]: v for k, v in totals.items() if k.startswith(prefix)})
-    return {prefix + k: v for k, v in metrics.items() if not k.endswith(("/num_err", "/num_cor"))}
+    """F1 (the mean over subsets), per subset F1, acc_err and acc_cor, of all rows and of the non-trap rows;
+    the share of traps whose earliest error is found (`processbench_traps/accuracy`)."""
+    groups: dict[str, dict[str, float]] = {}
+    for key, value in totals.items():
+      prefix, _, rest = key.partition("/")
+      groups.setdefault(prefix, {})[rest] = value
+    metrics = {}
+    for prefix in ("processbench", "processbench_nontrap"):
+      if prefix in groups:
+        metrics.update({f"{prefix}/{k}": v for k, v in processbench_from_counts(groups[prefix]).items()
+                        if not k.endswith(("/num_err", "/num_cor"))})
+    traps = groups.get("processbench_traps")
+    if traps:
+      metrics["processbench_traps/accuracy"] = traps["hits"] / traps["num"] if traps["num"] else float("nan")
+    return metrics
 
 
 @TASKS.register("processbench_chains")
@@ -281,6 +303,7 @@ class ProcessBenchChains(VerdictGrading):
   error_frac: float = 0.5
   trap_frac: float = 0.2
   max_error: int = 9
+  sft_target: str = "steps"        # the demonstration: "steps" (every step's verdict) | "format" (all '+')
   name: str = dataclasses.field(default="processbench_chains", init=False)
   # final_answer_correct: the tips_outcome reward; steps: the demonstration; subset: category; label: the metric.
   required_fields: tuple = dataclasses.field(default=("final_answer_correct", "label", "steps", "subset"),
@@ -293,6 +316,9 @@ class ProcessBenchChains(VerdictGrading):
                        f"{self.subsets!r}.")
     object.__setattr__(self, "subsets", subsets)
     _check_fracs(f"task {self.name!r}", self.error_frac, self.trap_frac, self.max_error)
+    if self.sft_target not in ("steps", "format"):
+      raise ValueError(f"task {self.name!r}: sft_target must be 'steps' (the step labels: supervised) or 'format' "
+                       f"(all '+': the verdict format with no error information), got {self.sft_target!r}.")
 
   def make_example(self, rng: np.random.Generator) -> dict[str, Any]:
     subset = self.subsets[int(rng.integers(len(self.subsets)))]
@@ -301,8 +327,11 @@ class ProcessBenchChains(VerdictGrading):
     return make_chain(rng, subset, erroneous, trap, self.max_error)
 
   def demonstration(self, example: Mapping[str, Any]) -> str:
-    """Every step's own verdict (a trap's cancelling step is '-' too): the supervised target."""
-    return step_verdicts(example["steps"])
+    """sft_target "steps": every step's own verdict (a trap's cancelling step is '-' too), the supervised
+    target; "format": all '+', which teaches the verdict's form and length and nothing about errors (the
+    start of outcome-only RL)."""
+    steps = example["steps"]
+    return step_verdicts(steps) if self.sft_target == "steps" else STEP_OK * len(steps)
 
 
 @TASKS.register("processbench")

@@ -225,3 +225,15 @@ def test_final_answer_baseline_cannot_localise(chains):
   assert 0.0 < m["f1"] < 100.0
   oracle, _ = _f1(chains, lambda e: step_verdicts(e["steps"]))     # the supervised target: the upper bound
   assert oracle["f1"] == 100.0 and m["f1"] < oracle["f1"]
+
+
+def test_format_target_teaches_the_verdict_form_without_error_information():
+  rng = np.random.default_rng(3)
+  task = make_task("processbench_chains", sft_target="format")
+  for _ in range(20):
+    example = task.make_example(rng)
+    target = task.demonstration(example)
+    assert target == "+" * len(example["steps"])
+    assert task.verify(target, example["answer"]) == float(example["label"] == -1)
+  with pytest.raises(ValueError, match="sft_target must be 'steps'"):
+    make_task("processbench_chains", sft_target="labels")

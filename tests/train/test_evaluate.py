@@ -177,3 +177,9 @@ def test_processbench_f1_is_an_eval_metric_summed_over_chunks(monkeypatch):
     assert got["eval/processbench/f1"] == pytest.approx(want["f1"])
     assert got["eval/processbench/len7/acc_err"] == pytest.approx(want["len7/acc_err"])
     assert got["eval/accuracy"] == pytest.approx(np.mean([p == label for p, (label, _) in zip(pred, labels)]))
+    plain = [i for i, r in enumerate(records) if not r["trap"]]
+    nontrap = processbench_metrics([records[i]["subset"] for i in plain], [pred[i] for i in plain],
+                                   [labels[i][0] for i in plain])
+    assert got["eval/processbench_nontrap/f1"] == pytest.approx(nontrap["f1"])
+    traps = [pred[i] == labels[i][0] for i, r in enumerate(records) if r["trap"]]
+    assert traps and got["eval/processbench_traps/accuracy"] == pytest.approx(np.mean(traps))
