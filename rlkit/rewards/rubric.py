@@ -48,6 +48,7 @@ import numpy as np
 from rlkit.core.registry import Registry
 from rlkit.rewards.batch import RewardBatch, RewardOutput
 from rlkit.rewards.executor import VerifierExecutor
+from rlkit.rewards.lm_judge import DEFAULT_TEMPLATE, LMJudge
 from rlkit.rewards.verifier import RewardFn, check_float, register_reward
 
 MET = 0.5                   # a judgment above this counts as met (for `correct`); exact judges give 0 or 1
@@ -62,16 +63,17 @@ class ItemJudge(NamedTuple):
   required: Mapping[str, type]
   optional: Mapping[str, type]
   validate: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
+  in_process: bool = False    # judged by a model in the trainer process (kind "lm"), not in the worker
 
 
 ITEM_JUDGES: Registry[ItemJudge] = Registry("rubric item judge")
 
 
 def register_item_judge(name: str, *, required: Optional[Mapping[str, type]] = None,
-                        optional: Optional[Mapping[str, type]] = None, validate=None):
+                        optional: Optional[Mapping[str, type]] = None, validate=None, in_process: bool = False):
   """Registers a module-level judge function as check kind `name` (module-level, so the worker can import it)."""
   def decorator(judge):
-    ITEM_JUDGES.add(name, ItemJudge(judge, dict(required or {}), dict(optional or {}), validate))
+    ITEM_JUDGES.add(name, ItemJudge(judge, dict(required or {}), dict(optional or {}), validate, in_process))
     return judge
   return decorator
 
@@ -107,6 +109,13 @@ def judge_regex(task, completion: str, answer: str, params: Mapping[str, Any]) -
 def judge_answer_correct(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
   """The task's verifier accepts the completion (its score above 0.5, as in the "verifier" reward)."""
   return float(task.verify(completion, answer) > 0.5)
+
+
+@register_item_judge("lm", optional={"question": str}, in_process=True)
+def judge_lm(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
+  """A model's yes/no judgment (rlkit/rewards/lm_judge.py), asked `question` (default: the criterion). The
+  rubric reward runs it in the trainer process with the model of its `judge_role`; never called in the worker."""
+  raise RuntimeError("rubric item kind 'lm' is judged by the rubric reward's judge model, not by this function.")
 
 
 # ----------------------------------------------------------------------------------------------- rubric format
@@ -290,6 +299,8 @@ def judge_rubric_row(task, checks: Sequence[ItemCheck], width: int, completion: 
   """One row in the executor's worker: every item's judgment, zero-padded to `width` items."""
   scores = [0.0] * width
   for k, check in enumerate(checks):
+    if ITEM_JUDGES.get(check.kind).in_process:
+      continue                                # filled in by the reward's judge model
     score = float(check.judge(task, completion, answer, check.params))
     if not 0.0 <= score <= 1.0:               # NaN fails this too
       raise ValueError(f"rubric item {k}: judge {check.kind!r} returned {score}, outside [0, 1]")
@@ -313,10 +324,29 @@ def _batch_rubrics(batch: RewardBatch, field: str) -> list[Rubric]:
   return rubrics
 
 
-@register_reward("rubric")
-def make_rubric_reward(task, executor: VerifierExecutor, *, mode: str = "gated_grouped", gate_floor: float = 0.0,
-                       field: str = "rubric", failure_reward: float = 0.0) -> RewardFn:
-  """Rubric reward: each example's rubric (its `field`) judged item by item and aggregated by `mode`."""
+def _model_judgments(p, rubrics, batch: RewardBatch, judge, template: str) -> None:
+  """Fills p [N, K] in place with the judge model's judgments of every "lm" item."""
+  cells, texts = [], []
+  for i, rubric in enumerate(rubrics):
+    for k, check in enumerate(rubric.checks):
+      if ITEM_JUDGES.get(check.kind).in_process:
+        question = check.params.get("question", rubric.criteria[k])
+        cells.append((i, k))
+        texts.append(template.format(prompt=batch.prompts[i], completion=batch.completions[i], criterion=question))
+  if cells:
+    rows, cols = np.array(cells).T
+    p[rows, cols] = judge(texts)
+
+
+@register_reward("rubric", role_kwargs=("judge_role",))
+def make_rubric_reward(task, executor: VerifierExecutor, *, models, mode: str = "gated_grouped",
+                       gate_floor: float = 0.0, field: str = "rubric", failure_reward: float = 0.0,
+                       judge_role: str = "", judge_template: str = DEFAULT_TEMPLATE, judge_yes: str = "Y",
+                       judge_no: str = "N", judge_batch_size: int = 64) -> RewardFn:
+  """Rubric reward: each example's rubric (its `field`) judged item by item and aggregated by `mode`.
+
+  Items of kind "lm" are judged by the model of role `judge_role` (config.models): P(judge_yes) against
+  P(judge_no) after `judge_template` filled with the row's prompt, completion and the item's question."""
   if mode not in MODES:
     raise ValueError(f"reward 'rubric': mode must be one of {MODES.names()}, got {mode!r}.")
   gate_floor = check_float("rubric", "gate_floor", gate_floor)
@@ -326,6 +356,12 @@ def make_rubric_reward(task, executor: VerifierExecutor, *, mode: str = "gated_g
   if not isinstance(field, str) or not field:
     raise ValueError(f"reward 'rubric': field must be the name of an example field, got {field!r}.")
   judge_row = functools.partial(judge_rubric_row, task)   # one object: the executor sends it to its worker once
+  judge = None
+  if judge_role:
+    if judge_role not in models:
+      raise ValueError(f"reward 'rubric': judge_role={judge_role!r} is not a model of this run (roles: "
+                       f"{', '.join(models) or 'none'}); declare it in config.models.")
+    judge = LMJudge(models[judge_role], yes=judge_yes, no=judge_no, batch_size=judge_batch_size)
 
   def reward_fn(batch: RewardBatch) -> RewardOutput:
     n = len(batch)
@@ -337,7 +373,12 @@ def make_rubric_reward(task, executor: VerifierExecutor, *, mode: str = "gated_g
     width = points.shape[1]
     rows = [(r.checks, width, c, a) for r, c, a in zip(rubrics, batch.completions, batch.answers)]
     out = executor.map(judge_row, rows, fallback=np.zeros(width))
-    p = out.values.reshape(n, width)
+    p = out.values.reshape(n, width).copy()
+    if any(ITEM_JUDGES.get(c.kind).in_process for r in rubrics for c in r.checks):
+      if judge is None:
+        raise ValueError("reward 'rubric': a rubric has items of kind 'lm', which a judge model decides; set the "
+                         "reward's judge_role to a role of config.models (reward.kwargs.judge_role).")
+      _model_judgments(p, rubrics, batch, judge, judge_template)
     parts = {name: np.asarray(value, np.float64)
              for name, value in aggregate(p, points, onehot, critical, mode=mode, gate_floor=gate_floor).items()}
     met = p > MET

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
@@ -43,13 +43,20 @@ def check_reward_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
                      f"{list(valid) if valid else 'none'}.")
 
 
-def register_reward(name: str):
+def register_reward(name: str, *, role_kwargs: tuple[str, ...] = ()):
   """Registers a factory `make(task, executor, *, kw=default, ...)` as `name`; its keyword-only parameters are
-  the reward's kwargs (any other keyword is refused), and every RewardOutput it produces is checked."""
+  the reward's kwargs (any other keyword is refused), and every RewardOutput it produces is checked.
+
+  A reward that uses models of the run (an LM judge, a trained reward model) names the kwargs whose values are
+  roles of `config.models` in `role_kwargs`, and takes the keyword-only parameter `models` (role -> Model),
+  which the stage passes and which is not a user kwarg. Config validation checks that the roles exist."""
   def decorator(make):
     @functools.wraps(make)
-    def checked_make(task, executor: VerifierExecutor, **kwargs) -> RewardFn:
+    def checked_make(task, executor: VerifierExecutor, models: Optional[Mapping[str, Any]] = None,
+                     **kwargs) -> RewardFn:
       check_reward_kwargs(name, kwargs)
+      if role_kwargs:
+        kwargs["models"] = dict(models or {})
       reward_fn = make(task, executor, **kwargs)
 
       @functools.wraps(reward_fn)
@@ -58,7 +65,8 @@ def register_reward(name: str):
       return checked_reward
 
     checked_make.keywords = tuple(p.name for p in inspect.signature(make).parameters.values()
-                                  if p.kind is p.KEYWORD_ONLY)
+                                  if p.kind is p.KEYWORD_ONLY and not (role_kwargs and p.name == "models"))
+    checked_make.role_kwargs = tuple(role_kwargs)
     REWARDS.add(name, checked_make)
     return make
   return decorator

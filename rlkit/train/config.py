@@ -376,6 +376,16 @@ def _check_models(config) -> None:
         raise ConfigError(f"{name}.score_roles names {role!r}, but config.models has no such role (roles: "
                           f"{', '.join(config.models.keys()) or 'none'}).")
   for name in config.stages:
+    reward = config[name].get("reward")
+    if reward is not None:
+      from rlkit.rewards import REWARDS
+      for key in getattr(REWARDS.get(reward.name), "role_kwargs", ()) if reward.name in REWARDS else ():
+        role = reward.kwargs.get(key, "")
+        if role and role not in config.models:
+          raise ConfigError(f"{name}.reward.kwargs.{key}={role!r}: reward {reward.name!r} uses that model, but "
+                            f"config.models has no such role (roles: {', '.join(config.models.keys()) or 'none'}); "
+                            f"declare it as config.models.{role} (path: a Hugging Face folder or rlkit workdir).")
+  for name in config.stages:
     if config[name].get("kind") == "graft":
       peer = config[name].get("graft", {}).get("peer", "peer")
       if peer not in config.models or not config.models[peer].trainable:

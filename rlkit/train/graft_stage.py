@@ -109,7 +109,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   group, k = cfg.group_size, cfg.graft.rows
   executor = rl_stage.reward_executor(cfg)
   try:
-    reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
+    reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, models=ctx.models, **dict(cfg.reward.kwargs))
     learners = {"": rl_stage.Learner(ctx, cfg, state, reward_fn, augmenter=Augmenter(0), refine=make_refine(cfg)),
                 "peer/": rl_stage.Learner(ctx, cfg, state["peer"], reward_fn, model=peer.module,
                                           augmenter=Augmenter(0), refine=make_refine(cfg))}

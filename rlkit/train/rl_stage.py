@@ -201,7 +201,7 @@ def reward_executor(cfg) -> VerifierExecutor:
 def _run(ctx, cfg, state, start: int, meta: dict):
   executor = reward_executor(cfg)
   try:                       # the worker process is stopped however the stage ends
-    reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, **dict(cfg.reward.kwargs))
+    reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, models=ctx.models, **dict(cfg.reward.kwargs))
     learner = Learner(ctx, cfg, state, reward_fn)
     return loop(ctx, cfg, state, start, meta, stage_iterator(ctx, cfg, meta), learner.iteration, SHOW)
   finally:

@@ -159,7 +159,7 @@ def test_jit_equals_eager(mode):
     (item(float("inf")), r"'points' is inf"),
     (dict(item(1), criterion=""), r"'criterion' is ''"),
     (item(1, kind="contians"), r"check.kind is 'contians'; set check.kind to one of \['answer_correct', "
-                               r"'contains', 'not_contains', 'regex'\]"),
+                               r"'contains', 'lm', 'not_contains', 'regex'\]"),
     ({"criterion": "c", "points": 1, "check": {"kind": "not_contains"}},
      r"check of kind 'not_contains' lacks parameter\(s\) \['text'\]"),
     (item(1, text="a", case_sensitive="no"), r"check.case_sensitive is 'no'; give a bool"),
