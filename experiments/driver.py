@@ -89,6 +89,27 @@ def parse_args(doc: str, root: str, arms, argv=None) -> argparse.Namespace:
   return args
 
 
+def run_from_sft(args: argparse.Namespace, tag: str, config: str) -> int:
+  """The loop of an experiment whose arms share one base policy per seed: `<config>:sft` into ROOT/sft_s<seed>,
+  then each of `args.arms` (`<config>:<arm>`) into ROOT/<arm>_s<seed> from that checkpoint with the same seed
+  (so every arm sees the same data split). Returns 1 if any run failed (the failed workdirs are printed)."""
+  failed = []
+  for seed in args.seeds:
+    sft = os.path.join(args.root, f"sft_s{seed}")
+    if launch(args.root, sft, f"{config}:sft", [f"--config.seed={seed}"], args.lock, args.dry_run, tag, name="sft",
+              seed=seed):
+      failed.append(sft)
+      continue
+    for arm in args.arms:
+      path = os.path.join(args.root, f"{arm}_s{seed}")
+      if launch(args.root, path, f"{config}:{arm}", [f"--config.seed={seed}", f"--config.model.path={sft}"],
+                args.lock, args.dry_run, tag, name=arm, seed=seed):
+        failed.append(path)
+  if failed:
+    print(f"[{tag}] failed: {', '.join(failed)}", flush=True)
+  return 1 if failed else 0
+
+
 def last_eval(path: str):
   """The last held-out evaluation row of a workdir's metrics.jsonl, or None (no run there yet)."""
   from rlkit.train.metrics import read_metrics

@@ -16,26 +16,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from configs.onepo import ARMS  # noqa: E402
-from experiments.driver import launch, parse_args  # noqa: E402
+from experiments.driver import parse_args, run_from_sft  # noqa: E402
 
 
 def main(argv=None) -> int:
-  args = parse_args(__doc__, "/tmp/onepo", ARMS, argv)
-  failed = []
-  for seed in args.seeds:
-    sft = os.path.join(args.root, f"sft_s{seed}")
-    if launch(args.root, sft, "configs/onepo.py:sft", [f"--config.seed={seed}"], args.lock, args.dry_run, "onepo",
-              name="sft", seed=seed):
-      failed.append(sft)
-      continue
-    for arm in args.arms:
-      path = os.path.join(args.root, f"{arm}_s{seed}")
-      if launch(args.root, path, f"configs/onepo.py:{arm}", [f"--config.seed={seed}", f"--config.model.path={sft}"],
-                args.lock, args.dry_run, "onepo", name=arm, seed=seed):
-        failed.append(path)
-  if failed:
-    print(f"[onepo] failed: {', '.join(failed)}", flush=True)
-  return 1 if failed else 0
+  return run_from_sft(parse_args(__doc__, "/tmp/onepo", ARMS, argv), "onepo", "configs/onepo.py")
 
 
 if __name__ == "__main__":
