@@ -43,6 +43,7 @@ import math
 import re
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+import jax
 import numpy as np
 
 from rlkit.core.registry import Registry, closest_first
@@ -291,9 +292,34 @@ def _reference_lengths(reward: str, batch: RewardBatch, required: bool) -> tuple
   return ref_len, present
 
 
+def reference_lengths_from(model, max_new_tokens: int) -> Callable[[RewardBatch, Sequence], dict]:
+  """A cache of the frozen reference model's greedy content lengths by base prompt: fills `ref_len` for rows
+  whose example lacks it. Greedy, so a prompt's value does not depend on when it is first seen (a resumed run
+  recomputes the same values)."""
+  from rlkit.rollout.texts import sample_texts
+  cache: dict[str, float] = {}
+
+  def fill(batch: RewardBatch, constraints: Sequence) -> dict[int, float]:
+    todo = {}
+    for i, fields in enumerate(batch.fields):
+      if fields.get(REF_LEN_FIELD) is None:
+        base = fields.get(BASE_PROMPT_FIELD)
+        if not isinstance(base, str):
+          raise ValueError(f"{_row_where('calif', batch, i)}: no string field {BASE_PROMPT_FIELD!r} (the prompt "
+                           "without the constraint wording), which the reference model answers for the length "
+                           "anchor; the data builder that adds the constraint must keep it.")
+        if base not in cache:
+          todo.setdefault(base, constraints[i])
+    if todo:
+      answers = sample_texts(model, list(todo), jax.random.key(0), max_new_tokens=max_new_tokens, greedy=True)
+      cache.update({base: float(content_length(a, cs)) for (base, cs), a in zip(todo.items(), answers)})
+    return {i: cache[f[BASE_PROMPT_FIELD]] for i, f in enumerate(batch.fields) if f.get(REF_LEN_FIELD) is None}
+  return fill
+
+
 def _make_constraint_reward(reward: str, task, executor: VerifierExecutor, *, field: str, all_of: bool,
                             failure_reward: float, rho: float, alpha: float, beta: float,
-                            ref_len_required: bool) -> RewardFn:
+                            ref_len_required: bool, reference=None) -> RewardFn:
   if not isinstance(field, str) or not field:
     raise ValueError(f"reward {reward!r}: field must be a non-empty string, got {field!r}.")
   if not isinstance(all_of, bool):
@@ -312,7 +338,10 @@ def _make_constraint_reward(reward: str, task, executor: VerifierExecutor, *, fi
     rows = [(c, a, cs, slots) for c, a, cs in zip(batch.completions, batch.answers, constraints)]
     out = executor.map(row_fn, rows, fallback=[0.0] * (2 + slots))
     valid = np.array([[j < len(cs) for j in range(slots)] for cs in constraints], bool).reshape(len(batch), slots)
-    ref_len, has_ref = _reference_lengths(reward, batch, ref_len_required)
+    ref_len, has_ref = _reference_lengths(reward, batch, ref_len_required and reference is None)
+    if reference is not None:
+      for i, length in reference(batch, constraints).items():
+        ref_len[i], has_ref[i] = length, True
     anchored = has_ref & ~np.array([bounds_length(cs) for cs in constraints], bool)
     parts = calif_reward(out.values[:, 2:], valid, out.values[:, 0], out.values[:, 1], ref_len, anchored,
                          rho=rho, alpha=alpha, beta=beta, all_of=all_of)
@@ -336,11 +365,13 @@ def make_constraints(task, executor: VerifierExecutor, *, field: str = "constrai
                                  ref_len_required=False)
 
 
-@register_reward("calif")
-def make_calif(task, executor: VerifierExecutor, *, field: str = "constraints", rho: float = DEFAULT_RHO,
-               alpha: float = 1.0, beta: float = 1.0, all_of: bool = False,
-               failure_reward: float = 0.0) -> RewardFn:
-  """r = r_c * a_task**alpha * a_len**beta (arm (b)); needs each example's `ref_len` while beta > 0."""
+@register_reward("calif", role_kwargs=("reference_role",))
+def make_calif(task, executor: VerifierExecutor, *, models, field: str = "constraints", rho: float = DEFAULT_RHO,
+               alpha: float = 1.0, beta: float = 1.0, all_of: bool = False, failure_reward: float = 0.0,
+               reference_role: str = "", reference_max_new_tokens: int = 8) -> RewardFn:
+  """r = r_c * a_task**alpha * a_len**beta (arm (b)). While beta > 0 it needs each example's `ref_len`, or
+  `reference_role`: the frozen reference model (config.models) whose greedy answer to the example's
+  `base_prompt` gives it, computed in the trainer when a prompt is first seen."""
   rho = check_float("calif", "rho", rho)
   if rho <= 0:
     raise ValueError(f"reward 'calif': rho must be > 0, got {rho!r}.")
@@ -348,6 +379,12 @@ def make_calif(task, executor: VerifierExecutor, *, field: str = "constraints", 
   for key, value in (("alpha", alpha), ("beta", beta)):
     if value < 0:
       raise ValueError(f"reward 'calif': {key} must be >= 0, got {value!r}.")
+  reference = None
+  if reference_role:
+    if reference_role not in models:
+      raise ValueError(f"reward 'calif': reference_role={reference_role!r} is not a model of this run (roles: "
+                       f"{', '.join(models) or 'none'}); declare it in config.models (the frozen pre-RL policy).")
+    reference = reference_lengths_from(models[reference_role], reference_max_new_tokens)
   return _make_constraint_reward("calif", task, executor, field=field, all_of=all_of, failure_reward=failure_reward,
-                                 rho=rho, alpha=alpha, beta=beta, ref_len_required=beta > 0)
+                                 rho=rho, alpha=alpha, beta=beta, ref_len_required=beta > 0, reference=reference)
 

@@ -241,7 +241,8 @@ def test_kwargs_are_validated(executor, name, kwargs, match):
 
 def test_registered_keywords():
   assert REWARDS.get("constraints").keywords == ("field", "all_of", "failure_reward")
-  assert REWARDS.get("calif").keywords == ("field", "rho", "alpha", "beta", "all_of", "failure_reward")
+  assert REWARDS.get("calif").keywords == ("field", "rho", "alpha", "beta", "all_of", "failure_reward",
+                                           "reference_role", "reference_max_new_tokens")
   check_reward_kwargs("calif", {"rho": 0.3, "beta": 0.0})
 
 
@@ -276,3 +277,32 @@ def test_reference_lengths_refuse_bad_input():
     calif.reference_content_lengths([{"base_prompt": "1+2=", "constraints": []}], lambda ps: [])
   with pytest.raises(ValueError, match="samples must be an integer >= 1"):
     calif.reference_content_lengths([], lambda ps: ps, samples=0)
+
+
+def test_the_reference_role_gives_ref_len_from_its_greedy_answers(executor):
+  """With `reference_role`, rows without `ref_len` get the reference model's greedy content length on their
+  base prompt (computed once per prompt), and the reward is CALIF's with those lengths."""
+  import jax
+  from rlkit.models.tokenizer import CharTokenizer
+  from rlkit.models.transformer import Transformer, TransformerConfig, init_params
+  from rlkit.rollout.texts import sample_texts
+  from rlkit.train.models import Model
+  tok = CharTokenizer()
+  cfg = TransformerConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=48, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True, rope_theta=10_000.0)
+  reference = Model(Transformer(cfg), init_params(cfg, jax.random.key(0)), tok, False)
+  constraints = [{"kind": "keyword", "word": "BLUE"}]
+  fields = [{"constraints": constraints, "base_prompt": p} for p in ("12+30=", "1+1=", "12+30=")]
+  batch = V.make_batch(["42 BLUE", "2 BLUE", "42"], ["42", "2", "42"], fields=fields)
+  out = REWARDS.get("calif")(Arithmetic(), executor, models={"reference": reference}, reference_role="reference",
+                             reference_max_new_tokens=4)(batch)
+  greedy = sample_texts(reference, ["12+30=", "1+1="], jax.random.key(0), max_new_tokens=4, greedy=True)
+  parsed = calif.parse_constraints(constraints, "test")
+  ref = [calif.content_length(greedy[0], parsed), calif.content_length(greedy[1], parsed)]
+  ref_len = np.array([ref[0], ref[1], ref[0]], float)
+  want = calif.calif_reward(np.array([[1.0], [1.0], [0.0]]), np.ones((3, 1), bool), np.ones(3),
+                            np.array([2.0, 1.0, 2.0]), ref_len, np.ones(3, bool))
+  np.testing.assert_allclose(out.rewards, want["reward"])
+  assert ref[1] > 2 and out.components["length_anchor"][1] < 1      # the reference's length is used
+  with pytest.raises(ValueError, match="reference_role='ref' is not a model of this run"):
+    REWARDS.get("calif")(Arithmetic(), executor, models={}, reference_role="ref")
