@@ -89,10 +89,11 @@ def parse_args(doc: str, root: str, arms, argv=None) -> argparse.Namespace:
   return args
 
 
-def run_from_sft(args: argparse.Namespace, tag: str, config: str) -> int:
+def run_from_sft(args: argparse.Namespace, tag: str, config: str, arm_args=None) -> int:
   """The loop of an experiment whose arms share one base policy per seed: `<config>:sft` into ROOT/sft_s<seed>,
   then each of `args.arms` (`<config>:<arm>`) into ROOT/<arm>_s<seed> from that checkpoint with the same seed
-  (so every arm sees the same data split). Returns 1 if any run failed (the failed workdirs are printed)."""
+  (so every arm sees the same data split), plus `arm_args(arm, sft_workdir)` on its command line if given.
+  Returns 1 if any run failed (the failed workdirs are printed)."""
   failed = []
   for seed in args.seeds:
     sft = os.path.join(args.root, f"sft_s{seed}")
@@ -102,7 +103,8 @@ def run_from_sft(args: argparse.Namespace, tag: str, config: str) -> int:
       continue
     for arm in args.arms:
       path = os.path.join(args.root, f"{arm}_s{seed}")
-      if launch(args.root, path, f"{config}:{arm}", [f"--config.seed={seed}", f"--config.model.path={sft}"],
+      extra = list(arm_args(arm, sft)) if arm_args else []
+      if launch(args.root, path, f"{config}:{arm}", [f"--config.seed={seed}", f"--config.model.path={sft}", *extra],
                 args.lock, args.dry_run, tag, name=arm, seed=seed):
         failed.append(path)
   if failed:
