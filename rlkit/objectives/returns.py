@@ -81,6 +81,9 @@ def outcome_token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(at_last, rewards[:, None], 0.0)
 
 
+# Jitted: called eagerly (the advantage phase runs on the host's batch), `lax.scan` over a fresh closure would
+# compile again at every call; under jit it is traced once per shape, with gamma and lambda traced values.
+@jax.jit
 def discounted_returns(token_rewards: jax.Array, mask: jax.Array, gamma=1.0) -> jax.Array:
   """`[N, T]` reward-to-go `G_t = r_t + gamma G_{next valid t}` on valid tokens, 0 off the mask."""
   mask = _mask(mask)
@@ -94,6 +97,7 @@ def discounted_returns(token_rewards: jax.Array, mask: jax.Array, gamma=1.0) -> 
   return _reverse_scan(step, jnp.zeros(mask.shape[:1], rewards.dtype), rewards, mask)
 
 
+@jax.jit
 def gae(token_rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma=1.0,
         lam=1.0) -> tuple[jax.Array, jax.Array]:
   """Generalised advantage estimation over the valid tokens (verl `compute_gae_advantage_return`, unwhitened).
