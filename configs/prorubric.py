@@ -39,12 +39,14 @@ def get_config(arg=None):
     raise ValueError(f"Unknown preset {preset!r} for prorubric; choose one of {', '.join(PRESETS)}.")
   c = grpo_arith.get_config("cpu")
   c.wandb.mode = "disabled"
+  # The main job's sums with the rubric attached (the same prompts and demonstrations: SFT is the main job's,
+  # and its evaluation reports the rubric metrics too, at the default advice points 0.5).
+  c.task.name = "advice_arithmetic"
   if preset == "sft":
     c.stages = ("sft",)
     return c
   mode, w = ARMS[preset]
   c.model.path = "REQUIRED:--config.model.path=<the seed's sft workdir>"   # fails validation until set
-  c.task.name = "advice_arithmetic"
   c.task.kwargs.decision_points = 1.0
   c.task.kwargs.advice_points = w
   c.rl.reward.name = "rubric"

@@ -34,11 +34,14 @@ def final_answer_metrics(seed: int) -> dict:
   task = make_task(c.task.name, **dict(c.task.kwargs))
   test = generate_splits(task, c.data.num_train, c.data.num_test, seed)["test"][:c.eval.num_examples]
   totals: dict = {}
+  hits = 0.0
   for record in map(decode_record, test):
     verdict = final_answer_baseline({**record["fields"], **record})
+    hits += task.verify(verdict, record["answer"])
     for name, value in task.eval_counts(record, verdict).items():
       totals[name] = totals.get(name, 0.0) + value
-  return {"seed": seed, "num_examples": len(test), **{f"eval/{k}": v for k, v in task.eval_metrics(totals).items()}}
+  return {"seed": seed, "num_examples": len(test), "eval/accuracy": hits / len(test),
+          **{f"eval/{k}": v for k, v in task.eval_metrics(totals).items()}}
 
 
 def main(argv=None) -> int:

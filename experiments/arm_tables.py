@@ -1,0 +1,86 @@
+"""What the summarisers of the arm experiments share (prorubric, calif, tips): each workdir's evaluations of its
+last stage, the final table and the curves as markdown (mean and min-max over seeds), and one PNG panel per
+metric. An experiment's summarize.py names its metrics and calls `summarize`.
+"""
+import json
+import os
+
+import numpy as np
+
+from experiments.driver import last_eval, load_runs, spread
+from rlkit.train.metrics import read_metrics
+
+
+def load_arm(path: str, keys) -> dict:
+  """The evaluations of the workdir's last stage: steps from that stage's start, each key's values, the sum of
+  the training iterations' `step_s` and whether the stage reached its configured length."""
+  config = json.load(open(os.path.join(path, "config.json")))
+  stage = config["stages"][-1]
+  offset = sum(config[s]["steps"] for s in config["stages"][:-1])
+  rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if r.get("stage") == stage]
+  evals = [r for r in rows if "eval/accuracy" in r]
+  train = [r for r in rows if "step_s" in r]
+  done = bool(evals) and (config[stage].get("kind") == "sft" or evals[-1]["step"] - offset == config[stage]["steps"])
+  return {"steps": [e["step"] - offset for e in evals], "values": {k: [e.get(k, np.nan) for e in evals] for k in keys},
+          "train_s": float(sum(r["step_s"] for r in train)), "done": done}
+
+
+def summarize(root: str, arms, seeds, metrics: dict, out_png: str, title: str, base: str = "sft") -> dict:
+  """Prints the base policy's row (ROOT/<base>_s<seed>), every arm's last evaluation and each metric's curve;
+  writes the PNG. `metrics`: label -> metrics.jsonl key. Returns {arm: {seed: load_arm(...)}}."""
+  keys = list(metrics.values())
+  if base:
+    print(f"| {base} (seed) | step | " + " | ".join(metrics) + " |\n|---|---|" + "---|" * len(metrics))
+    for seed in seeds:
+      e = last_eval(os.path.join(root, f"{base}_s{seed}"))
+      if e:
+        print(f"| {seed} | {e['step']} | " + " | ".join(f"{e.get(k, np.nan):.3f}" for k in keys) + " |")
+  runs = load_runs(root, arms, seeds, lambda path: load_arm(path, keys))
+  print("\nAt the last evaluation (mean and min-max over seeds):\n")
+  print("| arm | seeds | " + " | ".join(metrics) + " | train time (s) |\n|---|---|" + "---|" * (len(metrics) + 1))
+  for arm, by_seed in runs.items():
+    rs = [r for r in by_seed.values() if r["steps"]]
+    if not rs:
+      continue
+    done = "" if all(r["done"] for r in rs) else " (unfinished)"
+    cells = [spread([r["values"][k][-1] for r in rs]) for k in keys]
+    print(f"| {arm}{done} | {','.join(map(str, by_seed))} | " + " | ".join(cells) +
+          f" | {spread([r['train_s'] for r in rs], '{:.0f}')} |")
+  for label, key in metrics.items():
+    steps = max((r["steps"] for by in runs.values() for r in by.values()), key=len, default=[])
+    print(f"\n{label} at each evaluation (mean over seeds):\n")
+    print("| arm | " + " | ".join(map(str, steps)) + " |\n|---|" + "---|" * len(steps))
+    for arm, by_seed in runs.items():
+      cells = [np.nanmean([r["values"][key][i] for r in by_seed.values() if i < len(r["steps"])] or [np.nan])
+               for i in range(len(steps))]
+      print(f"| {arm} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+  plot(runs, metrics, out_png, title)
+  return runs
+
+
+def plot(runs: dict, metrics: dict, out: str, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 4.0), squeeze=False)
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, (label, key) in zip(axes[0], metrics.items()):
+    for c, (arm, by_seed) in enumerate(runs.items()):
+      rs = [r for r in by_seed.values() if r["steps"]]
+      if not rs:
+        continue
+      n = min(len(r["steps"]) for r in rs)
+      v = np.array([r["values"][key][:n] for r in rs], float)
+      ax.plot(rs[0]["steps"][:n], np.nanmean(v, 0), marker="o", ms=3, color=colors[c % len(colors)], label=arm)
+      if len(rs) > 1:
+        ax.fill_between(rs[0]["steps"][:n], np.nanmin(v, 0), np.nanmax(v, 0), color=colors[c % len(colors)],
+                        alpha=0.15)
+    ax.set(title=label, xlabel="step of the arm's last stage")
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=8)
+  seeds = sorted({s for by in runs.values() for s in by})
+  fig.suptitle(f"{title} (seeds {','.join(map(str, seeds))}; bands: min-max)")
+  fig.tight_layout()
+  fig.savefig(out, dpi=100)
+  plt.close(fig)
+  print(f"\nwrote {out}")
