@@ -187,7 +187,7 @@ def register_stage(kind: str, stage: Stage) -> None:
 
 def _register_builtin() -> None:
   # The built-in kinds register themselves on import; imported here so `STAGES` is complete for any caller.
-  from rlkit.train import graft_stage, rl_stage, sft_stage  # noqa: F401
+  from rlkit.train import graft_stage, reward_model_stage, rl_stage, sft_stage  # noqa: F401
 
 
 _register_builtin()
