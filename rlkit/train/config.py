@@ -81,7 +81,8 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.top_p = 1.0                 # sampler nucleus mass (1: off)
   c.reward = ml_collections.ConfigDict()   # the reward function and how its host-side code runs
   c.reward.name = "verifier"    # reward function (registry REWARDS): verifier | verifier_format | rubric |
-                                # constraints | calif | tips_outcome | step_labels (rlkit/rewards/catalog.py)
+                                # constraints | calif | tips_outcome | step_labels | reward_model
+                                # (rlkit/rewards/catalog.py)
   c.reward.kwargs = ml_collections.ConfigDict()   # the reward's own parameters
   c.reward.timeout_s = 30.0     # wall-time limit of the host-side verifier on one row (0: none, runs inline)
   c.reward.call_timeout_s = 0.0  # limit of one whole batched verifier call; rows left then fail (0: none)
