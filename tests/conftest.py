@@ -29,20 +29,3 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-
-# The default run uses pytest-xdist's `--dist loadfile` (pytest.ini): whole files go to the two workers in
-# collection order, and collection is alphabetical, so the heaviest files (tests/train, a minute or more each)
-# came last and one worker ran the last of them while the other idled (the run at 6bb2645: 900 s, its last
-# ~7% of tests ~4 minutes on one worker). Handing out the longest files first (longest-processing-time
-# order) lets the short ones fill the end.
-HEAVY_FIRST = ("train/test_launch.py", "train/test_stages.py", "train/test_stage_switches.py",
-               "train/test_real_paths.py", "train/test_steps.py", "train/test_multihost.py",
-               "train/test_early_stop.py", "train/test_reward_stages.py", "train/test_reward_model_stage.py",
-               "rollout/test_sampler.py", "parallel/test_rules.py", "models/test_transformer.py",
-               "kernels/test_cpu_attention.py", "models/test_matmul.py", "train/test_graft_stage.py")
-
-
-def pytest_collection_modifyitems(items):
-  here = os.path.dirname(os.path.abspath(__file__))
-  rank = {os.path.join(here, f): i for i, f in enumerate(HEAVY_FIRST)}
-  items.sort(key=lambda item: rank.get(str(item.path), len(rank)))     # stable: the rest keep their order

@@ -10,6 +10,7 @@ function of the task, the sizes and the seed), so nothing is written to check th
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from typing import Any
 
@@ -22,13 +23,22 @@ from rlkit.data.splits import generate_splits
 from rlkit.train.config import ConfigError, data_files, stage_config, task_kwargs
 
 
+# Validating several configs in one process (a sweep's commands, the README recipes) would generate the same
+# splits again for each; tasks are frozen dataclasses, so the arguments key a cache. The rows are only read.
+_generated_splits = functools.lru_cache(maxsize=4)(generate_splits)
+
+
 def split_rows(config) -> dict[str, list[dict[str, Any]]]:
   """{split: rows} the run's data will hold (see the module docstring)."""
   files = data_files(config)
   if files is not None:
     return {split: load_jsonl(path) for split, path in files.items()}
   task = make_task(config.task.name, **task_kwargs(config))
-  return generate_splits(task, config.data.num_train, config.data.num_test, config.seed)
+  try:
+    hash(task)
+  except TypeError:         # a task with an unhashable parameter is generated afresh
+    return generate_splits(task, config.data.num_train, config.data.num_test, config.seed)
+  return _generated_splits(task, config.data.num_train, config.data.num_test, config.seed)
 
 
 def _longest(lengths: list[int], rows: list[dict], where: str) -> tuple[int, str]:

@@ -28,7 +28,7 @@ def _reference(text):
 
 
 def test_judgment_is_yes_against_no_whatever_the_padding_and_batch():
-  texts = ["1+2=3\nright? ", "12+30=42 BLUE\nsays blue? ", "7\nok? "]
+  texts = ["1+2=3 ok? ", "4+5=9 no? ", "7+1=8 ok? "]      # one length: the reference compiles once
   want = [_reference(t) for t in texts]
   assert len({round(w, 6) for w in want}) == 3            # an untrained judge still tells the prompts apart
   np.testing.assert_allclose(LMJudge(JUDGE, batch_size=4)(texts), want, atol=1e-5)
