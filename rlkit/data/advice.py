@@ -54,10 +54,10 @@ class AdviceArithmetic(Arithmetic):
 
   def eval_counts(self, example: Mapping[str, Any], completion_text: str) -> dict[str, float]:
     """The rubric reward's own judging and aggregation (rlkit/rewards/rubric.py) of one greedy answer."""
-    from rlkit.rewards.rubric import aggregate, judge_rubric_row
+    from rlkit.rewards.rubric import judge_rubric_row, jitted_aggregate
     points, onehot, critical, checks = _packed(self)
     p = np.asarray(judge_rubric_row(self, checks, points.shape[1], completion_text, example["answer"]))[None]
-    scores = aggregate(p, points, onehot, critical, mode="gated")
+    scores = jitted_aggregate(p, points, onehot, critical, mode="gated")
     return {"rubric/n": 1.0, "rubric/additive": float(scores["additive"][0]),
             "rubric/gated": float(scores["reward"][0]), "rubric/advice_met": float(p[0, 1:].sum())}
 

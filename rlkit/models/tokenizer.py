@@ -223,6 +223,21 @@ def pad_right(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[
   return _pad(rows, length, pad_id, left=False)
 
 
+def bucket_length(n: int) -> int:
+  """The smallest power of two >= n, at least 8: padding to it bounds the shapes a jitted consumer compiles."""
+  return 1 << max(3, (n - 1).bit_length())
+
+
+def left_padded_batches(rows: Sequence[Sequence[int]], batch_size: int, pad_id: int):
+  """Yields `(start, tokens, mask)` for consecutive chunks of `batch_size` id lists, each left-padded to the
+  `bucket_length` of its longest row and filled up to `batch_size` with one-token pad rows (whose results the
+  caller drops): fixed shapes, so a jitted consumer compiles once per bucket."""
+  for start in range(0, len(rows), batch_size):
+    chunk = list(rows[start:start + batch_size])
+    width = bucket_length(max(len(r) for r in chunk))
+    yield (start, *pad_left(chunk + [[pad_id]] * (batch_size - len(chunk)), width, pad_id))
+
+
 def decode_responses(tokenizer: Tokenizer, response: np.ndarray, lengths: np.ndarray) -> list[str]:
   """Text of each row's sampled response `response[i, :lengths[i]]` (special tokens dropped)."""
   return [tokenizer.decode(response[i, :lengths[i]].tolist(), skip_special=True) for i in range(len(lengths))]

@@ -7,7 +7,7 @@ The judge is a model of the run (a role of `config.models`, rlkit/train/models.p
 
 the item's judgment in [0, 1] (rlkit/rewards/rubric.py, check kind "lm"). Renormalising over the two answers
 makes the judgment independent of mass the judge puts elsewhere. Prompts are left-padded to a length bucket (a
-power of two) and scored in fixed-size batches, so a run compiles the judge once per bucket. The forward pass
+power of two, `left_padded_batches`) and scored in fixed-size batches, so a run compiles the judge once per bucket. The forward pass
 runs in the trainer process, not in the executor's worker: it is a jitted JAX computation, not untrusted code.
 """
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from rlkit.models.tokenizer import left_padded_batches
 
 DEFAULT_TEMPLATE = "{prompt}{completion}\n{criterion}? "
 
@@ -57,15 +59,9 @@ class LMJudge:
       raise ValueError(f"LM judge: prompt {too_long[0]} has {len(ids[too_long[0]])} tokens, over the judge's "
                        f"max_len={self.max_len}; shorten the rubric criterion or raise judge_max_len.")
     out = np.zeros(len(ids), np.float64)
-    for start in range(0, len(ids), self.batch_size):
-      chunk = ids[start:start + self.batch_size]
-      width = 1 << max(3, (max(len(r) for r in chunk) - 1).bit_length())     # a power of two, >= 8
-      tokens = np.full((self.batch_size, width), tok.pad_id, np.int32)
-      mask = np.zeros((self.batch_size, width), bool)
-      for i, row in enumerate(chunk):
-        tokens[i, width - len(row):], mask[i, width - len(row):] = row, True
-      mask[len(chunk):, -1] = True                  # padding rows: one visible token, results dropped
+    for start, tokens, mask in left_padded_batches(ids, self.batch_size, tok.pad_id):
       p = yes_probability(self.model.module, self.model.params, jnp.asarray(tokens), jnp.asarray(mask),
                           self.yes_id, self.no_id)
-      out[start:start + len(chunk)] = np.asarray(p[:len(chunk)], np.float64)
+      real = min(self.batch_size, len(ids) - start)
+      out[start:start + real] = np.asarray(p[:real], np.float64)
     return out

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
+from rlkit.models.tokenizer import left_padded_batches
 from rlkit.rewards.batch import RewardBatch, RewardOutput
 from rlkit.rewards.executor import VerifierExecutor
 from rlkit.rewards.reward_heads import RISKS, build_head, head_spec, risk_reward, uncertainty_penalty
@@ -44,19 +45,13 @@ def _mean_hidden(module, params, tokens, mask) -> jax.Array:
 
 def embed(model: Any, prompts, responses, *, batch_size: int = 64) -> np.ndarray:
   """[N, D] float32: the mean final hidden state of each prompt + response (BOS where the tokenizer has one),
-  left-padded to a power-of-two bucket and run in fixed-size batches (one compile per bucket)."""
+  in fixed-size left-padded batches (`left_padded_batches`: one compile per length bucket)."""
   tok = model.tokenizer
   ids = [tok.encode(p, add_bos=tok.bos_id is not None) + tok.encode(r) for p, r in zip(prompts, responses)]
   out = np.zeros((len(ids), model.module.cfg.hidden_size), np.float32)
-  for start in range(0, len(ids), batch_size):
-    chunk = ids[start:start + batch_size]
-    width = 1 << max(3, (max(len(r) for r in chunk) - 1).bit_length())
-    tokens = np.full((batch_size, width), tok.pad_id, np.int32)
-    mask = np.zeros((batch_size, width), bool)
-    for i, row in enumerate(chunk):
-      tokens[i, width - len(row):], mask[i, width - len(row):] = row, True
-    mask[len(chunk):, -1] = True                  # padding rows: one visible token, results dropped
-    out[start:start + len(chunk)] = np.asarray(_mean_hidden(model.module, model.params, tokens, mask))[:len(chunk)]
+  for start, tokens, mask in left_padded_batches(ids, batch_size, tok.pad_id):
+    real = min(batch_size, len(ids) - start)
+    out[start:start + real] = np.asarray(_mean_hidden(model.module, model.params, tokens, mask))[:real]
   return out
 
 

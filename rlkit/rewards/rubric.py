@@ -42,6 +42,7 @@ import math
 import re
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -288,6 +289,11 @@ def aggregate(p, points, group_onehot, critical, *, mode: str = "gated_grouped",
           "additive": flat_gain + penalty}
 
 
+# What host-side callers use (the reward once per batch, a task's eval hook once per row): eagerly, each of
+# aggregate's ~30 ops is dispatched (and compiled per new shape) on its own.
+jitted_aggregate = jax.jit(aggregate, static_argnames=("mode", "eps"))
+
+
 def healthbench_score(per_example_scores):
   """HealthBench's benchmark number: the mean per-example (additive) score, clipped to [0, 1] after the mean."""
   return jnp.clip(jnp.mean(jnp.asarray(per_example_scores)), 0.0, 1.0)
@@ -342,7 +348,7 @@ def _model_judgments(p, rubrics, batch: RewardBatch, judge, template: str) -> No
 def make_rubric_reward(task, executor: VerifierExecutor, *, models, mode: str = "gated_grouped",
                        gate_floor: float = 0.0, field: str = "rubric", failure_reward: float = 0.0,
                        judge_role: str = "", judge_template: str = DEFAULT_TEMPLATE, judge_yes: str = "Y",
-                       judge_no: str = "N", judge_batch_size: int = 64) -> RewardFn:
+                       judge_no: str = "N", judge_batch_size: int = 64, judge_max_len: int = 512) -> RewardFn:
   """Rubric reward: each example's rubric (its `field`) judged item by item and aggregated by `mode`.
 
   Items of kind "lm" are judged by the model of role `judge_role` (config.models): P(judge_yes) against
@@ -361,7 +367,8 @@ def make_rubric_reward(task, executor: VerifierExecutor, *, models, mode: str = 
     if judge_role not in models:
       raise ValueError(f"reward 'rubric': judge_role={judge_role!r} is not a model of this run (roles: "
                        f"{', '.join(models) or 'none'}); declare it in config.models.")
-    judge = LMJudge(models[judge_role], yes=judge_yes, no=judge_no, batch_size=judge_batch_size)
+    judge = LMJudge(models[judge_role], yes=judge_yes, no=judge_no, batch_size=judge_batch_size,
+                    max_len=judge_max_len)
 
   def reward_fn(batch: RewardBatch) -> RewardOutput:
     n = len(batch)
@@ -380,7 +387,8 @@ def make_rubric_reward(task, executor: VerifierExecutor, *, models, mode: str = 
                          "reward's judge_role to a role of config.models (reward.kwargs.judge_role).")
       _model_judgments(p, rubrics, batch, judge, judge_template)
     parts = {name: np.asarray(value, np.float64)
-             for name, value in aggregate(p, points, onehot, critical, mode=mode, gate_floor=gate_floor).items()}
+             for name, value in jitted_aggregate(p, points, onehot, critical, mode=mode,
+                                                 gate_floor=gate_floor).items()}
     met = p > MET
     has_critical = critical.any(-1)
     required = np.where(has_critical[:, None], critical, points > 0)

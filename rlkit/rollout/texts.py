@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from rlkit.data.pipeline import prompt_batch
-from rlkit.models.tokenizer import decode_responses
+from rlkit.models.tokenizer import bucket_length, decode_responses
 from rlkit.rollout.sampler import SamplingConfig, generate
 
 
@@ -31,7 +31,7 @@ def sample_texts(model: Any, prompts: Sequence[str], key: jax.Array, *, max_new_
     real = len(chunk)
     chunk = chunk + [chunk[-1]] * (batch_size - real)             # a fixed batch: one compile per bucket
     longest = max(len(tok.encode(r["prompt"])) for r in chunk) + 1
-    batch = prompt_batch(chunk, tok, 1 << max(3, (longest - 1).bit_length()))
+    batch = prompt_batch(chunk, tok, bucket_length(longest))
     out = generate(model.module, model.params, batch["prompt_tokens"], batch["prompt_mask"],
                    jax.random.fold_in(key, b), cfg)
     lengths = np.asarray(out.lengths)

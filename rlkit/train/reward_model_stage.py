@@ -66,25 +66,32 @@ def _ratings(records, where: str) -> tuple[np.ndarray, np.ndarray]:
   return ratings, mask
 
 
-def _data(ctx, cfg, params, records, where: str) -> dict:
-  """The head's whole training (or evaluation) set as arrays: embeddings and ratings, or chosen/rejected pairs."""
+# The example field whose text each conditioning array of a head's batch embeds (the head's `batch_keys`).
+TEXT_FIELDS = {"cond": "response", "cond_chosen": "chosen", "cond_rejected": "rejected"}
+
+
+def _data(ctx, cfg, params, records, where: str, embed_texts: bool = True) -> dict:
+  """The arrays the head's loss reads (its spec's `batch_keys`) for the whole training or evaluation set: the
+  embeddings of each example's response texts (skipped with `embed_texts=False`), its ratings and their mask."""
   decoder = Model(ctx.model, params, ctx.tokenizer, False)
   records = [decode_record(r) for r in records]
   prompts = [r["prompt"] for r in records]
-  if cfg.head == "bradley_terry":
-    for key in ("chosen", "rejected"):
-      missing = [i for i, r in enumerate(records) if not isinstance(r["fields"].get(key), str)]
-      if missing:
-        raise ConfigError(f"{where}: example {missing[0]} needs a string `{key}` field (the bradley_terry head "
-                          "learns from preferred / dispreferred responses).")
-    return {k: embed(decoder, prompts, [r["fields"][k] for r in records]) for k in ("cond_chosen", "cond_rejected")}
-  missing = [i for i, r in enumerate(records) if not isinstance(r["fields"].get("response"), str)]
-  if missing:
-    raise ConfigError(f"{where}: example {missing[0]} needs a string `response` field (the response its ratings "
-                      "are of).")
-  ratings, mask = _ratings(records, where)
-  return {"cond": embed(decoder, prompts, [r["fields"]["response"] for r in records]), "ratings": ratings,
-          "mask": mask}
+  data = {}
+  for key in head_spec(cfg.head).batch_keys:
+    if key == "ratings":
+      data["ratings"], data["mask"] = _ratings(records, where)
+      continue
+    if key not in TEXT_FIELDS:
+      raise ConfigError(f"{where}: head {cfg.head!r} reads the array {key!r}, which this stage cannot build (it "
+                        f"builds ratings and the embeddings {sorted(TEXT_FIELDS)}).")
+    field = TEXT_FIELDS[key]
+    missing = [i for i, r in enumerate(records) if not isinstance(r["fields"].get(field), str)]
+    if missing:
+      raise ConfigError(f"{where}: example {missing[0]} needs a string `{field}` field (head {cfg.head!r} reads "
+                        f"{[TEXT_FIELDS.get(k, k) for k in head_spec(cfg.head).batch_keys]}).")
+    if embed_texts:
+      data[key] = embed(decoder, prompts, [r["fields"][field] for r in records])
+  return data
 
 
 def _all(source) -> list:
@@ -99,10 +106,11 @@ def _head(cfg, data) -> tuple[dict, object]:
 
 
 def _init(ctx, cfg, params):
-  data = _data(ctx, cfg, params, _all(ctx.train_source), "reward_model stage")
+  # The head's shapes need only the embedding width, and its kwargs only the ratings: no embedding pass here.
+  data = _data(ctx, cfg, params, _all(ctx.train_source), "reward_model stage", embed_texts=False)
   kwargs, module = _head(cfg, data)
   spec = head_spec(cfg.head)
-  first = jnp.asarray(data[spec.batch_keys[0]][:1])
+  first = jnp.zeros((1, ctx.model.cfg.hidden_size), jnp.float32)
   head = jax.jit(lambda k: spec.init(module, k, first))(jax.random.fold_in(ctx.key, 17))
   tx = make_optimizer(cfg.optimizer, cfg.steps)
   return {"train": init_train_state(params, optax.set_to_zero()), "head": head, "head_opt": tx.init(head)}
@@ -153,8 +161,11 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     if evals is None:
       return {}
     s = draw(head, jax.random.fold_in(key, 2 ** 30), jnp.asarray(evals["cond"]))   # one fixed evaluation key
-    true = np.where(evals["mask"] > 0, evals["ratings"], np.nan)
-    w1 = [float(wasserstein1(s[i:i + 1], true[i:i + 1, ~np.isnan(true[i])])[0]) for i in range(len(true))]
+    counts = (evals["mask"] > 0).sum(-1)
+    w1 = np.zeros(len(counts))
+    for n in np.unique(counts):        # rows with n observed ratings (kept first by _ratings) in one call
+      rows = np.flatnonzero(counts == n)
+      w1[rows] = np.asarray(wasserstein1(s[rows], jnp.asarray(evals["ratings"][rows, :n])))
     return {"eval/rm/w1": float(np.mean(w1)),
             "eval/rm/crps": float(np.nanmean(crps(s, jnp.asarray(evals["ratings"]), jnp.asarray(evals["mask"]))))}
 

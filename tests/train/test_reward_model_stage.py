@@ -96,3 +96,17 @@ def test_non_finite_head_steps_are_skipped_and_stop_the_stage(tmp_path):
     run(c, str(tmp_path / "bad"))
   rows = read_metrics(str(tmp_path / "bad" / "metrics.jsonl"))
   assert [r["skipped_updates"] for r in rows if "loss" in r] == [1.0]
+
+
+def test_a_pair_head_reads_chosen_and_rejected_texts():
+  """What the stage builds follows the head's batch keys: a Bradley-Terry head needs `chosen` and `rejected`."""
+  from types import SimpleNamespace
+  from rlkit.train.config import ConfigError
+  from rlkit.train.reward_model_stage import _data
+  cfg = SimpleNamespace(head="bradley_terry")
+  ctx = SimpleNamespace(model=None, tokenizer=None)
+  rows = [{"prompt": "q", "answer": "0", "chosen": "good", "rejected": "bad"}, {"prompt": "q", "answer": "0",
+                                                                                "chosen": "good"}]
+  assert _data(ctx, cfg, None, rows[:1], "test", embed_texts=False) == {}
+  with pytest.raises(ConfigError, match="example 1 needs a string `rejected` field"):
+    _data(ctx, cfg, None, rows, "test", embed_texts=False)
