@@ -25,9 +25,11 @@ def load_arm(path: str, keys) -> dict:
           "train_s": float(sum(r["step_s"] for r in train)), "done": done}
 
 
-def summarize(root: str, arms, seeds, metrics: dict, out_png: str, title: str, base: str = "sft") -> dict:
+def summarize(root: str, arms, seeds, metrics: dict, out_png: str, title: str, base: str = "sft",
+              load=load_arm) -> dict:
   """Prints the base policy's row (ROOT/<base>_s<seed>), every arm's last evaluation and each metric's curve;
-  writes the PNG. `metrics`: label -> metrics.jsonl key. Returns {arm: {seed: load_arm(...)}}."""
+  writes the PNG. `metrics`: label -> metrics.jsonl key; `load(path, keys)`: a workdir as `load_arm` gives it.
+  Returns {arm: {seed: load(...)}}."""
   keys = list(metrics.values())
   if base:
     print(f"| {base} (seed) | step | " + " | ".join(metrics) + " |\n|---|---|" + "---|" * len(metrics))
@@ -35,7 +37,7 @@ def summarize(root: str, arms, seeds, metrics: dict, out_png: str, title: str, b
       e = last_eval(os.path.join(root, f"{base}_s{seed}"))
       if e:
         print(f"| {seed} | {e['step']} | " + " | ".join(f"{e.get(k, np.nan):.3f}" for k in keys) + " |")
-  runs = load_runs(root, arms, seeds, lambda path: load_arm(path, keys))
+  runs = load_runs(root, arms, seeds, lambda path: load(path, keys))
   print("\nAt the last evaluation (mean and min-max over seeds):\n")
   print("| arm | seeds | " + " | ".join(metrics) + " | train time (s) |\n|---|---|" + "---|" * (len(metrics) + 1))
   for arm, by_seed in runs.items():

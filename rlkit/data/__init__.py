@@ -5,5 +5,5 @@ tasks in processbench.py). The tfds and
 grain modules are imported on demand (`rlkit.data.tfds_builders`, `rlkit.data.pipeline`): they are slower
 to import and only the data-loading path needs them.
 """
-from rlkit.data import advice, constrained, jsonl, processbench, tasks  # noqa: F401  (registers the tasks)
+from rlkit.data import advice, constrained, jsonl, processbench, questions, tasks  # noqa: F401  (registers the tasks)
 from rlkit.data.tasks import TASKS, Task, make_task  # noqa: F401

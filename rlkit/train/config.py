@@ -386,13 +386,17 @@ def _check_models(config) -> None:
           raise ConfigError(f"{name}.reward.kwargs.{key}={role!r}: reward {reward.name!r} uses that model, but "
                             f"config.models has no such role (roles: {', '.join(config.models.keys()) or 'none'}); "
                             f"declare it as config.models.{role} (path: a Hugging Face folder or rlkit workdir).")
+  from rlkit.train.stages import STAGES
+  trained = set()
   for name in config.stages:
-    if config[name].get("kind") == "graft":
-      peer = config[name].get("graft", {}).get("peer", "peer")
-      if peer not in config.models or not config.models[peer].trainable:
-        raise ConfigError(f"{name}.graft.peer={peer!r}: the graft stage trains a peer policy beside the model; "
-                          f"declare it as config.models.{peer} with trainable=True (e.g. another size or a "
-                          "checkpoint with other pre-training, same tokenizer).")
+    kind = config[name].get("kind")
+    for role in STAGES.get(kind).roles(config[name]) if kind in STAGES else ():
+      trained.add(role)
+      if role not in config.models or not config.models[role].trainable:
+        raise ConfigError(f"{name}: the {kind} stage trains the model of role {role!r} beside its policy; declare "
+                          f"it as config.models.{role} with trainable=True (a checkpoint or an architecture with the "
+                          "policy's tokenizer).")
+  for name in config.stages:
     teacher = config[name].get("onepo", {}).get("teacher", "demonstration")
     if config[name].get("augment") == "onepo" and teacher != "demonstration" and teacher not in config.models:
       raise ConfigError(f"{name}.onepo.teacher={teacher!r} is neither 'demonstration' nor a role of config.models "
@@ -404,10 +408,10 @@ def _check_models(config) -> None:
     section = config.models[role]
     _check_section(section, role_model_defaults(), f"models.{role}")
     _check_path(section.path, f"models.{role}.path")
-    peers = {config[n].get("graft", {}).get("peer") for n in config.stages if config[n].get("kind") == "graft"}
-    if section.trainable and role != "critic" and role not in peers:
+    if section.trainable and role != "critic" and role not in trained:
       raise ConfigError(f"models.{role}.trainable=True: of the roles only `critic` (the value model of "
-                        "rl.advantage='gae') and a graft stage's graft.peer are trained; set it to False.")
+                        "rl.advantage='gae') and those a stage trains (graft.peer, rquest.proposer) are trained; set "
+                        "it to False.")
     if role == "critic" and not section.trainable:
       raise ConfigError("models.critic is the value model that rl.advantage='gae' trains (from these weights); "
                         "set models.critic.trainable=True.")

@@ -164,4 +164,4 @@ def validate(section, name: str) -> None:
                       f"must divide into minibatches x micro_batches = {parts} equal parts.")
 
 
-register_stage("graft", Stage(_init, _run, graft_defaults, validate))
+register_stage("graft", Stage(_init, _run, graft_defaults, validate, roles=lambda section: (section.graft.peer,)))

@@ -4,9 +4,10 @@ A run is a list of stages; each starts from the previous stage's parameters with
 kind is one registration, a `Stage`: `defaults()` (its config section, every field commented), `validate(
 section, name)` (range checks, before any work), `needs` (the run-level sections it uses, so a stage without
 a language model needs no tokenizer), `init(ctx, cfg, params) -> state` (a pytree: what a checkpoint holds)
-and `run(ctx, cfg, state, start_step, meta) -> state`. Kinds: `sft` (rlkit/train/sft_stage.py), `rl`
-(rlkit/train/rl_stage.py, the RL iteration as phases). Checkpoint steps are global (`offset + stage step`), and
-the PRNG key of stage step s is `fold_in(stage key, s)`, so a resumed stage draws exactly what an
+and `run(ctx, cfg, state, start_step, meta) -> state`; `roles(section)` names the `config.models` roles it trains
+besides its policy (they must say trainable=True). Kinds: `sft` (rlkit/train/sft_stage.py), `rl`
+(rlkit/train/rl_stage.py, the RL iteration as phases), `graft`, `reward_model`, `rquest` (their modules
+`<kind>_stage.py`). Checkpoint steps are global (`offset + stage step`), and the PRNG key of stage step s is `fold_in(stage key, s)`, so a resumed stage draws exactly what an
 uninterrupted one would. A stage may end before `cfg.steps` (SFT's `stop_at_loss`); its last checkpoint then
 says `done`, and global steps of later stages still start at the offset `cfg.steps` reserves.
 
@@ -55,6 +56,7 @@ class Stage(NamedTuple):
   defaults: Callable                       # () -> the section's ConfigDict
   validate: Callable                       # (section, name) -> None; raises ConfigError
   needs: tuple = ("tokenizer", "task", "data", "model")
+  roles: Callable = lambda section: ()     # (section) -> the config.models roles the stage trains
 
 
 STAGES: Registry[Stage] = Registry("stage kind")
@@ -187,7 +189,7 @@ def register_stage(kind: str, stage: Stage) -> None:
 
 def _register_builtin() -> None:
   # The built-in kinds register themselves on import; imported here so `STAGES` is complete for any caller.
-  from rlkit.train import graft_stage, reward_model_stage, rl_stage, sft_stage  # noqa: F401
+  from rlkit.train import graft_stage, reward_model_stage, rl_stage, rquest_stage, sft_stage  # noqa: F401
 
 
 _register_builtin()

@@ -10,6 +10,7 @@ import pytest
 
 from rlkit.data.tasks import combine, evaluate_expression
 from rlkit.models.tokenizer import DEFAULT_ALPHABET
+from rlkit.rewards import question_checker as C
 from rlkit.rewards import rquest as Q
 
 GOOD = [("a=3,b=5:a*b+2", 17), ("x=2:x*x-1", 3), ("a=3, b=5 : (a+b)*2", 16), ("b=5,a=3:a-b", -2),
@@ -25,30 +26,30 @@ BAD = [("", "length"), ("a=1:" + "a+" * 30 + "1", "length"), ("a=3;a+1", "parse"
 
 
 def fp(text, level="instance"):
-  return Q.fingerprint(text, level)
+  return C.fingerprint(text, level)
 
 
 # ------------------------------------------------------------------------------------------------ validity
 
 @pytest.mark.parametrize("text,answer", GOOD)
 def test_valid_questions_have_their_exact_answer(text, answer):
-  assert Q.check_validity(text, max_value=1000, max_chars=48) == (True, "ok", answer)
+  assert C.check_validity(text, max_value=1000, max_chars=48) == (True, "ok", answer)
 
 
 @pytest.mark.parametrize("text,reason", BAD)
 def test_invalid_questions_give_their_reason(text, reason):
-  valid, got, answer = Q.check_validity(text, max_value=1000, max_chars=48)
+  valid, got, answer = C.check_validity(text, max_value=1000, max_chars=48)
   assert (valid, got, answer) == (False, reason, None)
-  assert reason in Q.REASONS
+  assert reason in C.REASONS
 
 
 def test_range_and_length_limits_are_parameters():
-  assert Q.check_validity("a=30,b=50:a*b*a", max_value=45000, max_chars=48) == (True, "ok", 45000)
-  assert Q.check_validity("a=3,b=5:a*b+2", max_value=1000, max_chars=12)[1] == "length"
+  assert C.check_validity("a=30,b=50:a*b*a", max_value=45000, max_chars=48) == (True, "ok", 45000)
+  assert C.check_validity("a=3,b=5:a*b+2", max_value=1000, max_chars=12)[1] == "length"
   with pytest.raises(ValueError, match="max_value"):
-    Q.check_validity("a=3:a+1", max_value=-1, max_chars=48)
+    C.check_validity("a=3:a+1", max_value=-1, max_chars=48)
   with pytest.raises(ValueError, match="max_chars"):
-    Q.check_validity("a=3:a+1", max_value=10, max_chars=10_000)
+    C.check_validity("a=3:a+1", max_value=10, max_chars=10_000)
 
 
 def random_question(rng, atoms=5):
@@ -69,10 +70,10 @@ def test_answers_agree_with_the_tasks_evaluator_on_substituted_text():
   checked = 0
   for _ in range(300):
     text, values, body = random_question(rng)
-    q = Q.parse_question(text)
+    q = C.parse_question(text)
     substituted = "".join(str(values[c]) if c.isalpha() else c for c in body)
-    assert Q.evaluate(q.expression, dict(q.bindings)) == evaluate_expression(substituted)[0]
-    valid, _, answer = Q.check_validity(text, max_value=10 ** 9, max_chars=64)
+    assert C.evaluate(q.expression, dict(q.bindings)) == evaluate_expression(substituted)[0]
+    valid, _, answer = C.check_validity(text, max_value=10 ** 9, max_chars=64)
     if valid:
       assert answer == evaluate_expression(substituted)[0]
       checked += 1
@@ -86,7 +87,7 @@ def test_consensus_gates_validity():
 
 # ---------------------------------------------------------------------------------------------- fingerprints
 
-@pytest.mark.parametrize("level", Q.LEVELS)
+@pytest.mark.parametrize("level", C.LEVELS)
 @pytest.mark.parametrize("left,right", [
     ("a=3,b=5:a+b", "a=3,b=5:b+a"),                 # commuted
     ("a=3,b=5:2*(a+b)", "a=3,b=5:2*a+2*b"),         # distributed
@@ -107,9 +108,9 @@ def test_a_minus_b_and_b_minus_a_differ_as_instances_and_merge_as_skills():
   assert fp("a=3,b=5:a-b", "skill") == fp("a=3,b=5:b-a", "skill")
 
 
-@pytest.mark.parametrize("level", Q.LEVELS)
+@pytest.mark.parametrize("level", C.LEVELS)
 def test_sum_and_product_differ_even_with_equal_answers(level):
-  assert Q.check_validity("a=2,b=2:a+b")[2] == Q.check_validity("a=2,b=2:a*b")[2] == 4
+  assert C.check_validity("a=2,b=2:a+b")[2] == C.check_validity("a=2,b=2:a*b")[2] == 4
   assert fp("a=2,b=2:a+b", level) != fp("a=2,b=2:a*b", level)
 
 
@@ -126,7 +127,7 @@ def test_instance_level_separates_bound_values_and_skill_level_merges_them():
 def test_fingerprint_is_a_deterministic_64_bit_int_of_the_parsed_question():
   h = fp("a=3,b=5:a*b+2")
   assert isinstance(h, int) and 0 <= h < 2 ** 64
-  assert h == fp("a=3,b=5:a*b+2") == Q.fingerprint(Q.parse_question("a=3,b=5:a*b+2"))
+  assert h == fp("a=3,b=5:a*b+2") == C.fingerprint(C.parse_question("a=3,b=5:a*b+2"))
   assert fp("a=3,b=5:a*b+2", "instance") != fp("a=3,b=5:a*b+2", "skill")
   with pytest.raises(ValueError, match="level"):
     fp("a=3:a+1", "surface")
@@ -137,11 +138,11 @@ def test_fingerprint_is_a_deterministic_64_bit_int_of_the_parsed_question():
 def grid_key(text):
   """Brute-force skill identity: a polynomial of degree <= 9 per variable is fixed by its values on a
   10x10 grid; the key is the smallest value table over the renamings, as the fingerprint does."""
-  q = Q.parse_question(text)
+  q = C.parse_question(text)
   names = sorted(set(q.used) | {n for n, _ in q.bindings})
   tables = []
   for cols in itertools.permutations(range(2), len(names)):
-    tables.append(tuple(Q.evaluate(q.expression, {n: (i, j)[c] for n, c in zip(names, cols)})
+    tables.append(tuple(C.evaluate(q.expression, {n: (i, j)[c] for n, c in zip(names, cols)})
                         for i in range(10) for j in range(10)))
   return min(tables)
 
@@ -293,14 +294,14 @@ def test_every_example_character_is_in_the_tokenizer_alphabet():
 
 def test_analyse_question_in_the_executor_matches_direct_calls(executor):
   texts = [t for t, _ in GOOD] + [t for t, _ in BAD]
-  row_fn = functools.partial(Q.analyse_question, max_value=1000, max_chars=48)
-  out = executor.map(row_fn, [(t,) for t in texts], fallback=Q.ANALYSIS_FALLBACK)    # in the spawn worker
+  row_fn = functools.partial(C.analyse_question, max_value=1000, max_chars=48)
+  out = executor.map(row_fn, [(t,) for t in texts], fallback=C.ANALYSIS_FALLBACK)    # in the spawn worker
   assert not out.failed.any()
-  got = Q.unpack_analyses(out.values)
+  got = C.unpack_analyses(out.values)
   for i, text in enumerate(texts):
-    valid, reason, answer = Q.check_validity(text, max_value=1000, max_chars=48)
+    valid, reason, answer = C.check_validity(text, max_value=1000, max_chars=48)
     assert (bool(got["valid"][i]), got["reason"][i], int(got["answer"][i])) == (valid, reason, answer or 0)
-    q = Q.parse_question(text) if len(text) <= 48 else None
+    q = C.parse_question(text) if len(text) <= 48 else None
     if q is not None and len(set(q.used) | {n for n, _ in q.bindings}) <= 2:
       assert int(got["instance"][i]) == fp(text, "instance") and int(got["skill"][i]) == fp(text, "skill")
     else:
