@@ -3,9 +3,9 @@ and answered by the solver; the proposer reward, the solver's rows and labels, t
 from them exactly; the reject head's verdicts train it and drop drafts; a resumed stage equals an uninterrupted
 one, banks included.
 
-Scripted drafts: a random tiny proposer writes garbage, so the tests that check the duplicate logic replace the
-decoded text of its drafts by a script (`_scripted`); the proposer still learns from its own sampled tokens,
-scored by the scripted questions' rewards."""
+Scripted drafts: a random tiny proposer writes garbage, so the tests replace the decoded text of its drafts and
+of its verdicts by a script (`_recording`); the proposer still learns from its own sampled tokens, scored by the
+scripted questions' and verdicts' rewards."""
 import contextlib
 
 import jax
@@ -27,6 +27,7 @@ TASK = make_task("rquest_questions")
 BINDINGS = "a=3,b=5:"
 SCRIPT = [["a+b", "b+a", "a*b", "a+", "x+1", "a*b", "a-b", "b-a"],      # iteration 1
           ["a+b", "b*a", "a*b+1", "a", "b-a", "a*a", "2*a+2*b", "(a+b)*2"]]    # iteration 2
+VERDICTS = ["V", "V", "V", "I", "I", "I", "V", "x", "I", "V", "I", "?", "V", "V", "I", "I"]   # 2 per draft
 
 
 def _cfg(**overrides):
@@ -58,16 +59,19 @@ def _ctx(logger, checkpointer=None, prompt_len=20):
 
 
 @contextlib.contextmanager
-def _recording(script=None):
-  """Records every learner update (prefix-free: in call order) and, with a script, replaces the decoded drafts."""
+def _recording(script=None, start=0):
+  """Records every learner update (in call order) and, with a script, replaces the decoded drafts of the
+  iterations from `start` on."""
   calls, sample, learn = [], rquest_stage._Iteration._sample, rl_stage.Learner.learn
-  step = {"i": 0}
+  step = {"i": start}
 
   def scripted(self, learner, params, texts, key, group):
     samples, completions = sample(self, learner, params, texts, key, group)
     if script is not None and learner is self.learners["proposer/"]:
       completions = list(script[step["i"]])
       step["i"] += 1
+    elif script is not None and learner is self.learners.get("judge/"):
+      completions = list(VERDICTS)
     return samples, completions
 
   def recorded(self, state, samples, rewards, capacity, key):
@@ -76,7 +80,10 @@ def _recording(script=None):
 
   with contextlib.ExitStack() as stack:
     stack.enter_context(ts._fast_compile())
-    for owner, name, fn in ((rquest_stage._Iteration, "_sample", scripted), (rl_stage.Learner, "learn", recorded)):
+    memo = [(rl_stage, name, wrap(getattr(rl_stage, name))) for name, wrap in
+            (("make_rl_step", ts._memo_step), ("make_scorer", ts._memo_scorer))]   # compiled once for all runs
+    for owner, name, fn in ((rquest_stage._Iteration, "_sample", scripted), (rl_stage.Learner, "learn", recorded),
+                            *memo):
       stack.callback(setattr, owner, name, getattr(owner, name))
       setattr(owner, name, fn)
     yield calls
@@ -88,16 +95,20 @@ def _run(cfg, ctx, start=0, state=None, meta=None):
   return stage.run(ctx, cfg, state, start, meta or {"stage": "rquest", "stage_index": 0, "offset": 0})
 
 
+CFG = dict(**{"rquest.labels": "checker", "rquest.judge_samples": 2})
+
+
 @pytest.fixture(scope="module")
-def scripted_run():
-  logger = ts._Log()
+def scripted_run(tmp_path_factory):
+  """Two scripted iterations with the reject head, checkpointed after each."""
+  logger, directory = ts._Log(), tmp_path_factory.mktemp("rquest")
   with _recording(SCRIPT) as calls:
-    state = _run(_cfg(**{"rquest.labels": "checker"}), _ctx(logger))
-  return state, [r for r in logger.rows if "loss" in r], calls
+    state = _run(_cfg(**CFG), _ctx(logger, ckpt.Checkpointer(str(directory), every=1, max_to_keep=3)))
+  return state, [r for r in logger.rows if "loss" in r], calls, directory
 
 
 def test_duplicates_hidden_duplicates_and_the_bank_follow_the_fingerprints(scripted_run):
-  state, rows, _ = scripted_run
+  state, rows, _, _ = scripted_run
   first, second = rows
   # iteration 1, valid: a+b, b+a, a*b, a*b, a-b, b-a (a+ does not parse, x is unbound); skill duplicates: b+a
   # (of a+b), the second a*b (the same text: not hidden), b-a (a-b renamed)
@@ -114,15 +125,23 @@ def test_duplicates_hidden_duplicates_and_the_bank_follow_the_fingerprints(scrip
   assert int(bank.cursor) == 5 and bank.steps[:5].tolist() == [1] * 5
 
 
+def _kept():
+  """The scripted verdicts, and the drafts the reject head keeps: at least half of their verdicts say V."""
+  said = [rq.parse_judgment(v) for v in VERDICTS]
+  return said, np.array([x is True for x in said]).reshape(-1, 2).sum(1) * 2 >= 2
+
+
 def test_proposer_rewards_and_solver_rows_follow_the_checker_and_the_solver_answers(scripted_run):
-  _, _, calls = scripted_run
-  solver, proposer = calls[0], calls[1]                   # per iteration: the solver, then the proposer
+  _, _, calls, _ = scripted_run
+  solver, proposer = calls[:2]                 # per iteration: the solver, the proposer, the reject head
   samples, rewards, capacity = solver
   assert capacity == 4 and len(samples) == 8 * 4
   texts = [BINDINGS + x for x in SCRIPT[0]]
   valid = np.array([rquest_stage.checker.check_validity(t)[0] for t in texts])
   answers = [rquest_stage.checker.check_validity(t)[2] for t in texts]
-  np.testing.assert_array_equal(samples.valid, np.repeat(valid, 4))       # labels=checker: valid questions train
+  _, kept = _kept()
+  assert 0 < (valid & kept).sum() < valid.sum()                   # the head drops some valid drafts
+  np.testing.assert_array_equal(samples.valid, np.repeat(valid & kept, 4))   # labels=checker: valid, kept ones
   completions = rquest_stage.reward_batch(samples, ts.TOK).completions
   got = [rquest_stage._canonical(TASK.extract_answer(c)) for c in completions]
   np.testing.assert_array_equal(rewards.rewards, [float(g is not None and g == str(answers[i // 4]))
@@ -134,48 +153,48 @@ def test_proposer_rewards_and_solver_rows_follow_the_checker_and_the_solver_answ
   assert proposer[2] == 8 and len(proposer[0]) == 8
 
 
+def test_the_reject_head_learns_from_the_checker_and_drops_drafts(scripted_run):
+  state, rows, calls, _ = scripted_run
+  judge = calls[2]
+  valid = np.array([rquest_stage.checker.check_validity(BINDINGS + x)[0] for x in SCRIPT[0]])
+  said, kept = _kept()
+  assert judge[2] == 2 and len(judge[0]) == 8 * 2
+  np.testing.assert_array_equal(judge[1].rewards, rq.reject_reward(said, np.repeat(valid, 2)))
+  assert rows[0]["reject/dropped"] == float((~kept).mean()) and "judge/loss" in rows[0]
+  assert int(state["proposer"]["train"].step) == 4          # two proposer updates a step: questions and verdicts
+
+
 def test_both_models_train_and_the_solver_is_evaluated(scripted_run):
-  state, rows, _ = scripted_run
-  assert int(state["train"].step) == 2 and int(state["proposer"]["train"].step) == 2
+  state, rows, _, _ = scripted_run
+  assert int(state["train"].step) == 2
   assert "proposer/loss" in rows[0] and "loss" in rows[0] and "rquest/label_correct" in rows[0]
 
 
-def test_the_reject_head_learns_from_the_checker_and_drops_drafts():
-  logger = ts._Log()
-  with _recording(SCRIPT) as calls:
-    state = _run(_cfg(**{"rquest.judge_samples": 2, "rquest.labels": "checker", "steps": 1}), _ctx(logger))
-  row = [r for r in logger.rows if "loss" in r][0]
-  solver, _, judge = calls
-  valid = np.array([rquest_stage.checker.check_validity(BINDINGS + x)[0] for x in SCRIPT[0]])
-  said = [rq.parse_judgment(v) for v in rquest_stage.reward_batch(judge[0], ts.TOK).completions]
-  np.testing.assert_array_equal(judge[1].rewards, rq.reject_reward(said, np.repeat(valid, 2)))
-  kept = np.array([s is True for s in said]).reshape(-1, 2).sum(1) * 2 >= 2
-  np.testing.assert_array_equal(solver[0].valid, np.repeat(valid & kept, 4))
-  assert row["reject/dropped"] == float((~kept).mean()) and "judge/loss" in row
-  assert int(state["proposer"]["train"].step) == 2              # two proposer updates: questions and verdicts
-
-
-def test_resume_equals_uninterrupted_banks_included(tmp_path):
-  cfg = _cfg(**{"reward": {"name": "verifier", "kwargs": {}, "timeout_s": 0.0, "call_timeout_s": 0.0},
-                "rquest.reward": "rzero"})
-  runs = {}
-  with _recording():
-    for name in ("whole", "resumed"):
-      checkpointer = ckpt.Checkpointer(str(tmp_path / name), every=1, max_to_keep=3)
-      ctx = _ctx(ts._Log(), checkpointer)
-      if name == "whole":
-        runs[name] = _run(cfg, ctx)
-      else:
-        whole = ckpt.Checkpointer(str(tmp_path / "whole"), every=1, max_to_keep=3)
-        target = STAGES.get("rquest").init(ctx, cfg, jax.tree.map(jnp.copy, ts._initial_params()))
-        state, meta = whole.restore(1, target)
-        runs[name] = _run(cfg, ctx, start=1, state=state, meta=meta)
-  a, b = (jax.tree.leaves(jax.device_get(runs[n])) for n in ("whole", "resumed"))
+def test_resume_equals_uninterrupted_banks_included(scripted_run):
+  whole, _, _, directory = scripted_run
+  cfg, ctx = _cfg(**CFG), _ctx(ts._Log())
+  with _recording(SCRIPT, start=1):
+    target = STAGES.get("rquest").init(ctx, cfg, jax.tree.map(jnp.copy, ts._initial_params()))
+    state, meta = ckpt.Checkpointer(str(directory), every=1, max_to_keep=3).restore(1, target)
+    # Restored arrays are committed to the device, fresh ones are not: as they are, every jitted function of the
+    # fixture's run would compile again for them. The same values, uncommitted:
+    state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)) if isinstance(x, jax.Array) else x, state)
+    resumed = _run(cfg, ctx, start=1, state=state, meta=meta)
+  a, b = (jax.tree.leaves(jax.device_get(x)) for x in (whole, resumed))
   assert len(a) == len(b)
   for x, y in zip(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  bank = runs["resumed"]["rquest"]["bank"]
-  assert np.asarray(bank.hashes).dtype == np.uint64
+  assert np.asarray(resumed["rquest"]["bank"].hashes).dtype == np.uint64
+
+
+def test_rzero_scores_are_frontier_minus_repetition_and_train_on_every_answered_question():
+  cfg = _cfg(**{"rquest.reward": "rzero"})
+  texts = ["a=1:a+1", "a=1:a+1", "b=2:b*3"]
+  x = rq.ProposerInputs(texts, np.array([True, True, False]), np.array([0.5, 0.0, 1.0]), np.zeros(3, bool))
+  reward, trains = rq.PROPOSER_REWARDS.get("rzero")(x, cfg.rquest)
+  rep = rq.surface_repetition(texts, threshold=0.5)
+  np.testing.assert_allclose(reward, 1 - 2 * np.abs(x.agree - 0.5) - rep)
+  np.testing.assert_array_equal(trains, [True, False, True])         # validity plays no part
 
 
 def test_config_errors():
