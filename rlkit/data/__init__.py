@@ -6,4 +6,5 @@ grain modules are imported on demand (`rlkit.data.tfds_builders`, `rlkit.data.pi
 to import and only the data-loading path needs them.
 """
 from rlkit.data import advice, constrained, jsonl, processbench, questions, tasks  # noqa: F401  (registers the tasks)
+from rlkit.data import annotated  # noqa: F401  (registers annotated_responses, experiments/drm)
 from rlkit.data.tasks import TASKS, Task, make_task  # noqa: F401
