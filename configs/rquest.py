@@ -29,13 +29,13 @@ from rlkit.train.models import role_model_defaults
 
 grpo_arith = sibling_config(__file__, "grpo_arith")
 
-SOLVER_SFT_STEPS = 600
-PROPOSER_SFT_STEPS = 600
-STEPS = 100
-EVAL_EVERY = 20
+SOLVER_SFT_STEPS = 300
+PROPOSER_SFT_STEPS = 300
+STEPS = 50
+EVAL_EVERY = 10
 ARMS = {"rquest": {"reward": "rquest", "judge_samples": 2},
         "rzero": {"reward": "rzero", "judge_samples": 0}}
-PRESETS = {"solver_sft": f"the solver: SFT_STEPS={SOLVER_SFT_STEPS} steps on answering questions",
+PRESETS = {"solver_sft": f"the solver: {SOLVER_SFT_STEPS} steps on answering questions",
            "proposer_sft": f"the proposer: {PROPOSER_SFT_STEPS} steps on writing questions and judging them",
            **{arm: f"the rquest stage with proposer reward {spec['reward']!r}" for arm, spec in ARMS.items()},
            "test": "seconds: both models built from config, 2 iterations (the tests use it)"}
