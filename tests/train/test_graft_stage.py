@@ -20,13 +20,7 @@ def _cfg(**overrides):
   cfg = graft_stage.graft_defaults()
   cfg.update(dict(steps=2, prompts_per_step=8, group_size=ts.GROUP, max_new_tokens=ts.MAX_NEW, ppo_epochs=1))
   cfg.reward.name, cfg.reward.timeout_s = "test_stages_digits", 0.0
-  for key, value in overrides.items():
-    *path, leaf = key.split(".")
-    section = cfg
-    for p in path:
-      section = section[p]
-    section[leaf] = value
-  STAGES.get("graft").validate(cfg, "graft")
+  STAGES.get("graft").validate(ts.override(cfg, overrides), "graft")
   return cfg
 
 

@@ -35,13 +35,7 @@ def _cfg(**overrides):
   cfg.update(dict(steps=2, prompts_per_step=1, group_size=4, max_new_tokens=3, ppo_epochs=1))
   cfg.rquest.update(dict(group=8, max_new_tokens=4, tau_cons=0.0))
   cfg.reward.timeout_s = 0.0
-  for key, value in overrides.items():
-    *path, leaf = key.split(".")
-    section = cfg
-    for p in path:
-      section = section[p]
-    section[leaf] = value
-  STAGES.get("rquest").validate(cfg, "rquest")
+  STAGES.get("rquest").validate(ts.override(cfg, overrides), "rquest")
   return cfg
 
 

@@ -234,13 +234,18 @@ def _config(overrides: dict) -> ml_collections.ConfigDict:
   cfg.update(dict(steps=1, prompts_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW, ppo_epochs=2))
   # Inline rewards (no worker process to start per run); the worker path: test_hanging_verifier_times_out.
   cfg.reward.name, cfg.reward.timeout_s = "test_stages_digits", 0.0
+  STAGES.get("rl").validate(override(cfg, overrides), "rl")
+  return cfg
+
+
+def override(cfg, overrides: dict):
+  """`cfg` with each dotted key of `overrides` set (a dict value becomes a ConfigDict section)."""
   for key, value in overrides.items():
     *path, leaf = key.split(".")
     section = cfg
     for p in path:
       section = section[p]
     section[leaf] = ml_collections.ConfigDict(value) if isinstance(value, dict) else value
-  STAGES.get("rl").validate(cfg, "rl")
   return cfg
 
 
