@@ -62,6 +62,21 @@ def make_scorer(model: Transformer, cfg: Optional[SamplingConfig], replay_routin
   return score
 
 
+def make_distribution_scorer(model: Transformer, temperature: float, top_k: int):
+  """Jitted `score(params, batch) -> {"dist_logp", ["dist_ids"]}`: the model's distribution at every response
+  position at `temperature`, whole or its top-k (`rlkit.objectives.distill.teacher_distribution`); zero on
+  positions the attention mask leaves out."""
+  from rlkit.objectives.distill import teacher_distribution
+
+  @jax.jit
+  def score(params, batch):
+    logits, _ = response_forward(model, params, batch.tokens, batch.attention_mask, batch.response_len)
+    out = teacher_distribution(logits, temperature, top_k)
+    keep = batch.attention_mask[:, -batch.response_len:, None]
+    return {k: jnp.where(keep, v, 0) for k, v in out.items()}
+  return score
+
+
 def response_logprobs(model: Transformer, params: Any, rollout: Rollout,
                       cfg: Optional[SamplingConfig] = None, replay_routing: bool = False) -> Array:
   """`score_response` of a `Rollout`'s response (routing replayed from its extras if asked)."""

@@ -16,6 +16,7 @@ from rlkit.core.registry import closest_first
 from rlkit.objectives.correction import correction_defaults
 from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES, optimizer_defaults
 from rlkit.rollout.mismatch import mismatch_defaults
+from rlkit.train.distill import distill_defaults
 from rlkit.train.onepo import onepo_defaults
 
 
@@ -115,6 +116,8 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.onepo = onepo_defaults()    # OnePO's guidance (augment=onepo, advantage=mixed_group, shaped_offpolicy)
   c.surrogate_rows = ("policy", "teacher", "peer")   # row sources the clipped surrogate trains on
   c.replay_routing = False      # MoE: the trainer reuses the sampler's expert choices (scoring and update)
+  c.distill = distill_defaults()   # on-policy distillation from a teacher role (advantage opd, loss terms opd,
+                                # reverse_kl, forward_kl, jsd; rlkit/train/distill.py)
   c.score_roles = ()            # models (config.models roles) whose log-probs of the responses the loss terms
                                 # read, as TrainBatch.extras["<role>_logp"] (e.g. a teacher for distillation)
   c.overlong_cache = 0          # DAPO soft overlong penalty over the last N tokens of the budget (0: off)
@@ -376,6 +379,14 @@ def _check_models(config) -> None:
       if role not in config.models:
         raise ConfigError(f"{name}.score_roles names {role!r}, but config.models has no such role (roles: "
                           f"{', '.join(config.models.keys()) or 'none'}).")
+    if "distill" in config[name]:
+      from rlkit.train.distill import distill_roles
+      for role in distill_roles(config[name]):
+        if role not in config.models:
+          raise ConfigError(f"{name}.distill.teacher={role!r}: the stage distils from that model ({name}.advantage="
+                            f"{config[name].advantage!r}, loss terms {list(config[name].loss_terms.keys())}), but "
+                            f"config.models has no such role; declare config.models.{role} (path: a Hugging Face "
+                            "folder or an rlkit workdir).")
   for name in config.stages:
     reward = config[name].get("reward")
     if reward is not None:

@@ -35,6 +35,8 @@ from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import make_scorer
 from rlkit.train.config import ConfigError, rl_defaults
 from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
+from rlkit.train.distill import check as check_distill
+from rlkit.train.distill import distill_scorers
 from rlkit.train.critic import build_critic
 from rlkit.train.phases.advantages import with_advantages
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, build_augmenter
@@ -77,12 +79,14 @@ def sampling_config(cfg, tokenizer) -> SamplingConfig:
 
 
 def _scorers(ctx, cfg, state, sampling, model, ref_params) -> dict:
-  """role -> (jitted scorer, params): the policy (old log-probs), with kl_beta > 0 the reference, and every
-  role of `score_roles` (its log-probs go to TrainBatch.extras["<role>_logp"])."""
+  """role -> (jitted scorer, params): the policy (old log-probs), with kl_beta > 0 the reference, every role of
+  `score_roles` (its log-probs go to TrainBatch.extras["<role>_logp"]) and the distillation's teacher
+  (rlkit/train/distill.py)."""
   policy = make_scorer(model, sampling, cfg.replay_routing)
   scorers = {"policy": (policy, None)}
   for role in cfg.score_roles:
     scorers[role] = (make_scorer(ctx.models[role].module, sampling), ctx.models[role].params)
+  scorers.update(distill_scorers(ctx, cfg, sampling))
   if cfg.kl_beta > 0:
     if "reference" in ctx.models and ref_params is None:
       ref = ctx.models["reference"]
@@ -259,6 +263,9 @@ def validate(section, name: str) -> None:
   need(0 <= section.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
   need(section.critic.value_clip > 0, "critic", "needs critic.value_clip > 0")
   check_optimizer(section.critic.optimizer, f"{name}.critic.optimizer")
+  bad_distill = check_distill(section, name)
+  if bad_distill:
+    raise ConfigError(bad_distill)
   o = section.onepo
   need(o.teacher_rows >= 1 and o.anneal_steps >= 0 and o.alpha0 >= 0 and o.gamma > 0 and 0 <= o.max_accuracy <= 1,
        "onepo", "needs teacher_rows >= 1, anneal_steps >= 0, alpha0 >= 0, gamma > 0, 0 <= max_accuracy <= 1")
@@ -285,4 +292,15 @@ def validate(section, name: str) -> None:
                       f"{name}.replay_routing=False.")
 
 
+def distill_defaults():
+  """The `distill` stage kind: this stage with on-policy distillation as its objective (rlkit/train/distill.py),
+  so a multi-stage config reads as what it does: stages ("sft", "rl", "distill"), the last one's model a student
+  (its own model.path) and models.teacher the policy the earlier stages trained."""
+  c = rl_defaults()
+  c.kind = "distill"            # stage kind (registry STAGES)
+  c.advantage = "opd"           # sg(log p_T - log p_S) per token (+ distill.reward_weight x the RL advantage)
+  return c
+
+
 register_stage("rl", Stage(_init, _run, rl_defaults, validate))
+register_stage("distill", Stage(_init, _run, distill_defaults, validate))

@@ -6,8 +6,8 @@ section, name)` (range checks, before any work), `needs` (the run-level sections
 a language model needs no tokenizer), `init(ctx, cfg, params) -> state` (a pytree: what a checkpoint holds)
 and `run(ctx, cfg, state, start_step, meta) -> state`; `roles(section)` names the `config.models` roles it trains
 besides its policy (they must say trainable=True). Kinds: `sft` (rlkit/train/sft_stage.py), `rl`
-(rlkit/train/rl_stage.py, the RL iteration as phases), `graft`, `reward_model`, `rquest` (their modules
-`<kind>_stage.py`). Checkpoint steps are global (`offset + stage step`), and the PRNG key of stage step s is `fold_in(stage key, s)`, so a resumed stage draws exactly what an
+(rlkit/train/rl_stage.py, the RL iteration as phases; `distill` is it with OPD defaults), `graft`,
+`reward_model`, `rquest` (their modules `<kind>_stage.py`). Checkpoint steps are global (`offset + stage step`), and the PRNG key of stage step s is `fold_in(stage key, s)`, so a resumed stage draws exactly what an
 uninterrupted one would. A stage may end before `cfg.steps` (SFT's `stop_at_loss`); its last checkpoint then
 says `done`, and global steps of later stages still start at the offset `cfg.steps` reserves.
 

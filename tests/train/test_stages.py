@@ -457,6 +457,8 @@ COVERED_ELSEWHERE = {
        if k not in ("lr", "name")},
     **{f"critic.optimizer.{k}": "test_the_critic_trains_with_its_own_optimizer_section" for k in optimizer_defaults()},
     "onepo.teacher": "test_onepo_teacher_rows_join_guided_groups_only (a model teacher)",
+    **{f"distill.{k}": "tests/train/test_distill_stage.py (each field against the teacher of every run)"
+       for k in ("teacher", "top_k", "beta", "reward_weight", "reward_advantage")},
     "correction.calibrated_sigma_decay": "tests/objectives/test_correction.py (the sigma update over three "
                                          "batches; its first update is the batch median whatever the decay)",
 }

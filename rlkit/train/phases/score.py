@@ -4,7 +4,8 @@
   old_logp      the policy before this iteration's updates (the PPO ratio's denominator)
   ref_logp      the reference model (kl_beta > 0): the stage's initial policy, or `models.reference`
   others        a method asks for more by role (e.g. a teacher's log-probs for distillation) through
-                `rl.score_roles`, stored in `TrainBatch.extras["<role>_logp"]`
+                `rl.score_roles`, stored in `TrainBatch.extras["<role>_logp"]`; a distribution scorer's dict
+                (rlkit/train/distill.py) goes to extras["<key>_logp"], ["<key>_ids"]
 
 All are taken under the sampler's processing (temperature, top-k, top-p), so the mismatch metric
 (`rl_metrics.mismatch`: trainer old_logp vs the sampler's `rollout_logp`, policy rows) measures numerics
@@ -54,8 +55,11 @@ def score(batch: TrainBatch, scorers: dict[str, tuple[Callable, Any]]) -> TrainB
 
   :param scorers: role -> (jitted `score(params, batch)`, params).
   """
-  out = {}
+  out, extras = {}, dict(batch.extras)
   for role, (fn, params) in scorers.items():
     out[role] = fn(params, batch)
-  extras = dict(batch.extras, **{f"{r}_logp": v for r, v in out.items() if r not in ("policy", "reference")})
+    if isinstance(out[role], dict):          # a distribution scorer: "<teacher>_dist" -> <teacher>_dist_logp, ...
+      extras.update({f"{role}_{k[len('dist_'):]}": v for k, v in out[role].items()})
+    elif role not in ("policy", "reference"):
+      extras[f"{role}_logp"] = out[role]
   return batch.replace(old_logp=out["policy"], ref_logp=out.get("reference"), extras=extras)
