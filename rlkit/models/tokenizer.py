@@ -7,6 +7,16 @@ Interface (`Tokenizer`): `encode(text, add_bos, add_eos) -> list[int]`, `decode(
 when the tokenizer has no BOS, as with Qwen), `eos_id`, and `stop_ids` (every id that ends a completion;
 EOS first).
 
+`encode_with_offsets(text) -> (ids, offsets)` gives each id's character span `(start, end)` in `text` (str
+indices, i.e. code points; no special ids added), which cross-tokenizer distillation aligns
+(`rlkit.objectives.xtok`). Convention for tokens that cover part of a character (byte-level BPE splits a
+multi-byte UTF-8 character such as "é", "€" or an emoji across tokens): such a token gets the span of every
+character it touches, so consecutive tokens may repeat or overlap a span (["Ã", "©"] for "é" both get (0, 1)).
+The aligner groups each run of overlapping tokens into one unit and never aligns its tokens one by one: a
+character's bytes have no character offset of their own to compare.
+
+`get_vocab() -> {token string: id}` (specials included) lets two tokenizers find their shared tokens.
+
 `encode` adds BOS/EOS only when asked. The char tokenizer never makes a special id from text ("<eos>" in a
 prompt is five characters); an HF tokenizer does parse its own special tokens out of text, as chat templates
 ("<|im_start|>...") rely on.
@@ -50,6 +60,10 @@ class Tokenizer(Protocol):
   def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
                    add_eos: bool = False) -> list[list[int]]: ...
 
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
+
+  def get_vocab(self) -> dict[str, int]: ...
+
 
 def _with_specials(ids: list[int], bos_id: Optional[int], eos_id: int, add_bos: bool, add_eos: bool,
                    who: str) -> list[int]:
@@ -89,6 +103,12 @@ class CharTokenizer:
   def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
                    add_eos: bool = False) -> list[list[int]]:
     return [self.encode(t, add_bos, add_eos) for t in texts]
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    return self.encode(text), [(i, i + 1) for i in range(len(text))]
+
+  def get_vocab(self) -> dict[str, int]:
+    return {**{t: i for i, t in enumerate(self.SPECIAL_TEXT)}, **self._to_id}
 
   def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
     out = []
@@ -181,6 +201,17 @@ class HFTokenizer:
     encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
     return [_with_specials(e.ids, self.bos_id, self.eos_id, add_bos, add_eos, "HFTokenizer")
             for e in encodings]
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    # `tokenizers` reports character offsets from a str input, and a token holding part of a character's
+    # bytes gets that whole character: the module's convention, checked in tests/models/test_tokenizer.py.
+    # A ByteLevel post-processor with trim_offsets=True (RoBERTa's) drops spaces from the spans, and `align`
+    # then refuses the pair (the tokenizations cover different characters).
+    enc = self._tok.encode(text, add_special_tokens=False)
+    return list(enc.ids), [(int(s), int(e)) for s, e in enc.offsets]
+
+  def get_vocab(self) -> dict[str, int]:
+    return self._tok.get_vocab(with_added_tokens=True)
 
   def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
     ids = [int(i) for i in ids]

@@ -139,3 +139,54 @@ def test_hf_word_level(tmp_path):
   ids = wrapped.encode("hello world", add_eos=True)
   assert ids[-1] == wrapped.eos_id and len(ids) == 3
   assert wrapped.decode(ids) == "hello world"   # WordLevel without a decoder joins words with spaces
+
+
+# ---------------------------------------------------------------------------------------------- offsets
+
+
+def _byte_to_char() -> dict[str, int]:
+  """GPT-2's byte-level alphabet, inverted: the symbol a byte-level token string uses for each byte."""
+  printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+  extra = [b for b in range(256) if b not in printable]
+  return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(extra)}}
+
+
+def test_char_offsets_are_one_character_each():
+  tok = CharTokenizer()
+  text = "12+345=357"
+  ids, offsets = tok.encode_with_offsets(text)
+  assert ids == tok.encode(text) and offsets == [(i, i + 1) for i in range(len(text))]
+  assert "".join(text[s:e] for s, e in offsets) == text
+  assert tok.encode_with_offsets("") == ([], [])
+  vocab = tok.get_vocab()
+  assert vocab["<eos>"] == tok.eos_id and vocab["7"] == tok.encode("7")[0] and len(vocab) == tok.vocab_size
+
+
+def test_hf_offsets_reconstruct_ascii_text(hf_folder):
+  tok = HFTokenizer(hf_folder)
+  for text in ["12+345=357", "the quick brown fox", "hello world, hello tokens", ""]:
+    ids, offsets = tok.encode_with_offsets(text)
+    assert ids == tok.encode(text)
+    assert "".join(text[s:e] for s, e in offsets) == text
+    assert all(e > s for s, e in offsets)
+  assert tok.get_vocab()["</s>"] == tok.eos_id
+
+
+@pytest.mark.parametrize("text", ["é", "café €5", "€€", "a😀b", "😀😀 ünï €"])
+def test_hf_offsets_of_split_characters_cover_every_character_they_touch(hf_folder, text):
+  """The convention: a token holding some of a character's UTF-8 bytes gets that whole character's span.
+  Checked against the token's own bytes (byte-level symbols mapped back), so it also pins `tokenizers`."""
+  tok = HFTokenizer(hf_folder)
+  ids, offsets = tok.encode_with_offsets(text)
+  sym = _byte_to_char()
+  char_of_byte = [i for i, c in enumerate(text) for _ in c.encode("utf-8")]
+  pos = 0
+  for i, (s, e) in zip(ids, offsets):
+    n = len(tok._tok.id_to_token(i))   # one symbol per byte
+    assert all(c in sym for c in tok._tok.id_to_token(i))
+    assert (s, e) == (char_of_byte[pos], char_of_byte[pos + n - 1] + 1)
+    pos += n
+  assert pos == len(text.encode("utf-8"))
+  # Some character is split (the tiny vocabulary has no merges for these bytes): spans repeat.
+  if any(len(c.encode("utf-8")) > 1 for c in text):
+    assert len(set(offsets)) < len(offsets)
