@@ -15,6 +15,13 @@ character it touches, so consecutive tokens may repeat or overlap a span (["Ã",
 The aligner groups each run of overlapping tokens into one unit and never aligns its tokens one by one: a
 character's bytes have no character offset of their own to compare.
 
+`decode_with_offsets(ids) -> (text, offsets)` is the other direction, for the tokens a model SAMPLED: the text
+`decode(ids)` gives and each id's span in it, by the same convention. Re-encoding the text is not the same
+thing: `encode(decode(ids))` may tokenize differently (a student that sampled "3", "5" where its tokenizer
+would write "35"), and the distillation must supervise the ids that were sampled. Special ids (pad, bos, the
+stop ids) produce no text: each gets an empty span where it sits (the caller leaves them out, by the
+response length or mask).
+
 `get_vocab() -> {token string: id}` (specials included) lets two tokenizers find their shared tokens.
 
 `encode` adds BOS/EOS only when asked. The char tokenizer never makes a special id from text ("<eos>" in a
@@ -27,6 +34,7 @@ length raises rather than being cut, because a silently truncated prompt changes
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import string
@@ -61,6 +69,8 @@ class Tokenizer(Protocol):
                    add_eos: bool = False) -> list[list[int]]: ...
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
+
+  def decode_with_offsets(self, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]: ...
 
   def get_vocab(self) -> dict[str, int]: ...
 
@@ -106,6 +116,9 @@ class CharTokenizer:
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     return self.encode(text), [(i, i + 1) for i in range(len(text))]
+
+  def decode_with_offsets(self, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
+    return _joined([self.decode([i]) for i in ids])
 
   def get_vocab(self) -> dict[str, int]:
     return {**{t: i for i, t in enumerate(self.SPECIAL_TEXT)}, **self._to_id}
@@ -191,6 +204,9 @@ class HFTokenizer:
     self.stop_ids = tuple(dict.fromkeys([eos_id] + extra))   # EOS first, no duplicates
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     self._special = {i for i in (self.pad_id, self.bos_id, *self.stop_ids) if i is not None}
+    # decode_with_offsets: ids with no text (ours and the tokenizer's own specials, as `decode` skips them).
+    self._no_text = self._special | {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+    self._byte_level = isinstance(self._tok.decoder, tokenizers.decoders.ByteLevel)
 
   def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
     ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -210,6 +226,36 @@ class HFTokenizer:
     enc = self._tok.encode(text, add_special_tokens=False)
     return list(enc.ids), [(int(s), int(e)) for s, e in enc.offsets]
 
+  def decode_with_offsets(self, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
+    """`decode(ids)` and each id's character span in it (module docstring); specials: empty spans.
+
+    Byte-level BPE (a `ByteLevel` decoder: GPT-2, Llama 3, Qwen) is exact: each token's bytes (its symbols
+    mapped back through the byte table; a token with other characters, e.g. an added token, is its own UTF-8,
+    as `tokenizers` decodes it), concatenated and decoded as `tokenizers` does (each invalid byte run is one
+    U+FFFD), so a token holding part of a character gets that whole character's span. Other decoders
+    (SentencePiece's Metaspace, WordPiece) fall back to decoding token by token, each id in the context of
+    the ids before it (so a leading "▁" or "##" reads as in `decode`): the text is the concatenation of the
+    pieces, which can differ from `decode(ids)` where a decoder rewrites earlier text (space clean-up), and
+    byte-fallback pieces of one character each read as U+FFFD.
+    """
+    ids = [int(i) for i in ids]
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ValueError(f"HFTokenizer: id {bad[0]} is outside the vocabulary (size {self.vocab_size}).")
+    if not self._byte_level:
+      return _joined([self._piece(ids, k) if i not in self._no_text else "" for k, i in enumerate(ids)])
+    table, pieces = _byte_level_table(), []
+    for i in ids:
+      token = "" if i in self._no_text else self._tok.id_to_token(i)
+      pieces.append(bytes(table[c] for c in token) if all(c in table for c in token) else token.encode())
+    return _lossy_utf8_offsets(pieces)
+
+  def _piece(self, ids: list[int], k: int, context: int = 4) -> str:
+    """Token k's text: what it adds to the decoding of the (up to `context`) ids before it."""
+    before = [i for i in ids[max(0, k - context):k] if i not in self._no_text]
+    head, both = self._tok.decode(before), self._tok.decode(before + [ids[k]])
+    return both[len(head):] if both.startswith(head) else self._tok.decode([ids[k]])
+
   def get_vocab(self) -> dict[str, int]:
     return self._tok.get_vocab(with_added_tokens=True)
 
@@ -222,6 +268,50 @@ class HFTokenizer:
 
   def __repr__(self) -> str:
     return f"HFTokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_level_table() -> dict[str, int]:
+  """GPT-2's byte-level alphabet (`tokenizers.pre_tokenizers.ByteLevel.alphabet()`), symbol -> byte: printable
+  bytes stand for themselves, the other 68 for chr(256 + k) in byte order."""
+  printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+  others = [b for b in range(256) if b not in printable]
+  return {**{chr(b): b for b in printable}, **{chr(256 + k): b for k, b in enumerate(others)}}
+
+
+def _lossy_utf8_offsets(pieces: Sequence[bytes]) -> tuple[str, list[tuple[int, int]]]:
+  """The text of the concatenated `pieces` (UTF-8, each maximal invalid byte run one U+FFFD, as Rust's
+  `from_utf8_lossy` and Python's "replace" both do) and each piece's span: every character it holds a byte of;
+  an empty piece gets an empty span where it sits (the whole character when it sits inside one)."""
+  data = b"".join(pieces)
+  chars, owner, at = [], [], 0           # owner[b]: the character byte b belongs to
+  while at < len(data):
+    try:
+      good, bad = data[at:].decode("utf-8"), 0
+    except UnicodeDecodeError as e:    # e.start: the valid prefix; e.end - e.start: the invalid run
+      good, bad = data[at:at + e.start].decode("utf-8"), e.end - e.start
+    for c in good:
+      owner += [len(chars)] * len(c.encode("utf-8"))
+      chars.append(c)
+    owner += [len(chars)] * bad
+    chars += ["\ufffd"] * (bad > 0)
+    at = len(owner)
+  offsets, pos = [], 0
+  for p in pieces:
+    if p:
+      offsets.append((owner[pos], owner[pos + len(p) - 1] + 1))
+    elif 0 < pos < len(data) and owner[pos - 1] == owner[pos]:   # between two bytes of one character
+      offsets.append((owner[pos], owner[pos] + 1))
+    else:
+      c = owner[pos] if pos < len(data) else len(chars)
+      offsets.append((c, c))
+    pos += len(p)
+  return "".join(chars), offsets
+
+
+def _joined(pieces: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
+  ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
+  return "".join(pieces), [(int(e) - len(p), int(e)) for p, e in zip(pieces, ends)]
 
 
 def make_tokenizer(kind: str, **kw) -> Tokenizer:

@@ -6,7 +6,8 @@
   filter    which groups to keep, and whether to sample another round (FILTERS)       phases/filter.py
   augment   rows added to each group from elsewhere (AUGMENTERS; none by default)     phases/augment.py
   score     old / reference (/ other roles') log-probs by the one scorer               phases/score.py
-            (and the critic's values, with a critic)                                   train/critic.py
+            (then a host-side step on the scored batch: a teacher with another         train/distill.py
+            tokenizer scores its own tokenization; and the critic's values)            train/critic.py
   correct   the off-policy correction's token weights and rejections (CORRECTIONS)    objectives/correction.py
   advantages per-token advantages (ADVANTAGES, TOKEN_ESTIMATORS)                     phases/advantages.py
   update    epochs x minibatches of the jitted step, a sum of LOSS_TERMS              phases/update.py
@@ -35,6 +36,7 @@ from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import make_scorer
 from rlkit.train.config import ConfigError, rl_defaults
 from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
+from rlkit.train.distill import after_score as distill_after_score
 from rlkit.train.distill import check as check_distill
 from rlkit.train.distill import distill_scorers
 from rlkit.train.critic import build_critic
@@ -105,7 +107,8 @@ class Learner:
   (`train`, `ref_params`, `critic`, `correction`): `sample` collects, rewards and filters; `learn` augments
   nothing further, scores, corrects, computes advantages, `refine`s (a hook for a stage that adds rows of
   its own, e.g. GRAFT's peer rows: identity by default) and updates. The `rl` stage is one Learner; the
-  `graft` stage runs two and trades rows between them."""
+  `graft` stage runs two and trades rows between them. `after_score` is a host-side step on the scored
+  batch, `(batch, samples) -> (batch, metrics)` (the cross-tokenizer teacher; identity otherwise)."""
 
   def __init__(self, ctx, cfg, state, reward_fn, model=None, augmenter=None, refine=_no_refinement):
     self.ctx, self.cfg, self.reward_fn, self.refine = ctx, cfg, reward_fn, refine
@@ -116,6 +119,7 @@ class Learner:
     self.step_fn = make_rl_step(self.model, tx, cfg, self.sampling, cfg.micro_batches, cfg.replay_routing)
     self.step_inputs = default_step_inputs(cfg)
     self.scorers = _scorers(ctx, cfg, state, self.sampling, self.model, state.get("ref_params"))
+    self.after_score = distill_after_score(ctx, cfg, self.sampling)
     self.keep = FILTERS.get(cfg.filter)
     self.correction = CORRECTIONS.get(cfg.correction.name)
     engine = mismatch_from_config(cfg.rollout_mismatch)
@@ -146,8 +150,9 @@ class Learner:
     cfg, train = self.cfg, state["train"]
     batch = score(train_batch(samples, None, self.ctx.put_batch),
                   dict(self.scorers, policy=(self.scorers["policy"][0], train.params)))
+    batch, metrics = self.after_score(batch, samples)
     batch = self.critic.add_values(state, batch)
-    metrics = mismatch(batch)
+    metrics.update(mismatch(batch))
     corrected = self.correction.apply(batch, cfg.correction, state.get("correction", {}))
     batch = batch.replace(token_weights=batch.token_weights * corrected.weights,
                           loss_mask=batch.loss_mask & corrected.keep)

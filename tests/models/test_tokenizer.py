@@ -190,3 +190,87 @@ def test_hf_offsets_of_split_characters_cover_every_character_they_touch(hf_fold
   # Some character is split (the tiny vocabulary has no merges for these bytes): spans repeat.
   if any(len(c.encode("utf-8")) > 1 for c in text):
     assert len(set(offsets)) < len(offsets)
+
+
+# ---------------------------------------------------------------------------------------- decode offsets
+
+
+def test_char_decode_offsets_are_one_character_each_and_specials_empty():
+  tok = CharTokenizer()
+  ids = [tok.bos_id] + tok.encode("12+3") + [tok.pad_id] + tok.encode("=4") + [tok.eos_id]
+  text, offsets = tok.decode_with_offsets(ids)
+  assert text == tok.decode(ids) == "12+3=4"
+  assert offsets == [(0, 0), (0, 1), (1, 2), (2, 3), (3, 4), (4, 4), (4, 5), (5, 6), (6, 6)]
+  assert tok.decode_with_offsets([]) == ("", [])
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    tok.decode_with_offsets([tok.vocab_size])
+
+
+@pytest.fixture(scope="module")
+def merged():
+  """A byte-level BPE with merges for digits and for the bytes of é / € (so a sampled split differs from
+  the encoding)."""
+  from rlkit.models.bpe import bpe_tokenizer
+  return bpe_tokenizer(["12+345=357 café €5", "é€é€ 12 35 357"] * 20, 300)
+
+
+@pytest.mark.parametrize("text", ["12+345=357", "é", "café €5", "€€", "a😀b", "😀😀 ünï €", ""])
+def test_hf_decode_offsets_of_an_encoding_are_the_encode_offsets(hf_folder, merged, text):
+  for tok in (HFTokenizer(hf_folder), merged):
+    ids, offsets = tok.encode_with_offsets(text)
+    assert tok.decode_with_offsets(ids) == (text, offsets)
+
+
+def _byte_token(tok, b: int) -> int:
+  """The id of the one-byte token for byte `b`."""
+  sym = {v: k for k, v in _byte_to_char().items()}[b]
+  return tok.get_vocab()[sym]
+
+
+def test_hf_decode_offsets_describe_the_sampled_ids_not_a_re_encoding(merged):
+  """Sampled ids that their tokenizer would not write: "3", "5", "7" where it writes "357", and the two bytes of
+  "é" one by one where it has a token for both. The offsets are those ids' own spans."""
+  digits = [merged.get_vocab()[c] for c in "357"]
+  bytes_e = [_byte_token(merged, b) for b in "é".encode()]
+  ids = digits + bytes_e + [merged.get_vocab()["5"]]
+  text, offsets = merged.decode_with_offsets(ids)
+  assert text == merged.decode(ids) == "357é5"
+  assert len(merged.encode("357")) == len(merged.encode("é")) == 1   # the re-encoding tokenizes differently
+  assert offsets == [(0, 1), (1, 2), (2, 3), (3, 4), (3, 4), (4, 5)]
+  assert merged.encode_with_offsets(text)[1] != offsets
+
+
+def test_hf_decode_offsets_of_specials_and_invalid_bytes(merged):
+  """Specials add no text (an empty span where they sit; inside a split character, that character's span);
+  invalid UTF-8 decodes to U+FFFD as `decode` does, and every token touching it gets its span."""
+  e1, e2 = (_byte_token(merged, b) for b in "é".encode())
+  a = merged.get_vocab()["1"]
+  text, offsets = merged.decode_with_offsets([merged.bos_id, a, e1, merged.pad_id, e2, merged.eos_id])
+  assert text == "1é" and offsets == [(0, 0), (0, 1), (1, 2), (1, 2), (1, 2), (2, 2)]
+  text, offsets = merged.decode_with_offsets([a, e2, e2, a, e1])          # stray continuation bytes, a cut lead
+  assert text == merged.decode([a, e2, e2, a, e1]) == "1\ufffd\ufffd1\ufffd"
+  assert offsets == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+
+
+def test_hf_decode_offsets_of_random_ids_match_decode_and_stay_in_order(merged):
+  rng = np.random.default_rng(0)
+  for _ in range(300):
+    ids = rng.integers(0, merged.vocab_size, rng.integers(0, 10)).tolist()
+    text, offsets = merged.decode_with_offsets(ids)
+    assert text == merged.decode(ids) and len(offsets) == len(ids)
+    spans = np.asarray(offsets, np.int64).reshape(-1, 2)
+    assert (spans[:, 0] <= spans[:, 1]).all() and (np.diff(spans, axis=0) >= 0).all()
+    assert spans.max(initial=0) <= len(text)
+
+
+def test_hf_decode_offsets_fall_back_to_token_by_token_decoding():
+  """A decoder that is not byte-level (WordLevel joins words with spaces): each token's text is what it adds
+  to the decoding of the tokens before it, so the pieces rebuild `decode`."""
+  tok = tokenizers.Tokenizer(models.WordLevel(unk_token="[UNK]"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.train_from_iterator(CORPUS, trainers.WordLevelTrainer(special_tokens=["[UNK]", "[EOS]"]))
+  wrapped = HFTokenizer(tok, eos_token="[EOS]")
+  ids = wrapped.encode("hello world hello", add_eos=True)
+  text, offsets = wrapped.decode_with_offsets(ids)
+  assert text == wrapped.decode(ids) == "hello world hello"
+  assert offsets == [(0, 5), (5, 11), (11, 17), (17, 17)]

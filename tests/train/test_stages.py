@@ -166,6 +166,8 @@ HOST_ONLY = ("kind", "steps", "prompts_per_step", "group_size", "reward", "advan
              "correction", "rollout_mismatch", "gamma", "gae_lambda", "whiten_advantages", "critic",
              "max_sampling_rounds", "augment", "overlong_cache", "overlong_factor", "eval_every",
              "max_skipped_updates", "ppo_epochs", "minibatches")
+# Fields of nested sections that no step reads either (the opd advantage's, computed before the step).
+HOST_ONLY_NESTED = {"distill": ("reward_weight", "reward_advantage", "cross_tokenizer")}
 _STEPS: dict = {}
 _SCORERS: dict = {}
 
@@ -182,6 +184,9 @@ def _memo_step(make):
     arguments = _arguments(make, *args, **kwargs)
     cfg = arguments.pop("cfg")
     section = {k: v for k, v in cfg.to_dict().items() if k not in HOST_ONLY}
+    for name, fields in HOST_ONLY_NESTED.items():
+      if name in section:
+        section[name] = {k: v for k, v in section[name].items() if k not in fields}
     if cfg.optimizer.schedule != "constant":     # decaying schedules depend on the number of updates
       section["total_updates"] = cfg.steps * cfg.ppo_epochs * cfg.minibatches
     arguments.pop("tx")                          # built from cfg.optimizer (and the number of updates)
@@ -459,6 +464,8 @@ COVERED_ELSEWHERE = {
     "onepo.teacher": "test_onepo_teacher_rows_join_guided_groups_only (a model teacher)",
     **{f"distill.{k}": "tests/train/test_distill_stage.py (each field against the teacher of every run)"
        for k in ("teacher", "top_k", "beta", "reward_weight", "reward_advantage")},
+    "distill.cross_tokenizer": "tests/train/test_xtok_stage.py (each mode against a teacher of another tokenizer, "
+                               "and the same-tokenizer limit)",
     "correction.calibrated_sigma_decay": "tests/objectives/test_correction.py (the sigma update over three "
                                          "batches; its first update is the batch median whatever the decay)",
 }
