@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from experiments.driver import last_eval, load_runs, spread
+from experiments.driver import last_eval, load_runs, spread, stage_done
 from rlkit.train.metrics import read_metrics
 
 
@@ -17,10 +17,11 @@ def load_arm(path: str, keys) -> dict:
   config = json.load(open(os.path.join(path, "config.json")))
   stage = config["stages"][-1]
   offset = sum(config[s]["steps"] for s in config["stages"][:-1])
-  rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if r.get("stage") == stage]
+  every = read_metrics(os.path.join(path, "metrics.jsonl"))
+  rows = [r for r in every if r.get("stage") == stage]
   evals = [r for r in rows if "eval/accuracy" in r]
   train = [r for r in rows if "step_s" in r]
-  done = bool(evals) and (config[stage].get("kind") == "sft" or evals[-1]["step"] - offset == config[stage]["steps"])
+  done = stage_done(config, every)
   return {"steps": [e["step"] - offset for e in evals], "values": {k: [e.get(k, np.nan) for e in evals] for k in keys},
           "train_s": float(sum(r["step_s"] for r in train)), "done": done}
 

@@ -2,9 +2,9 @@
 workdir, skipped when finished and resumed when not, with its wall time and exit status appended to
 ROOT/runs.jsonl (`command_walls` reads them back); `spread` formats a mean and min-max over seeds.
 
-A workdir is finished when its last stage evaluated its last step (an SFT stage, which may stop early: its
-only evaluation, at the end). An unfinished one is rerun with the same command, which resumes it from its
-newest checkpoint. With a lock, a command's wall time includes its wait for the lock.
+A workdir is finished when its last stage evaluated its last step, or the step where an SFT stage stopped
+early (`stop_at_loss`; `stage_done`). An unfinished one is rerun with the same command, which resumes it from
+its newest checkpoint. With a lock, a command's wall time includes its wait for the lock.
 """
 import argparse
 import json
@@ -18,16 +18,28 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def stage_done(config: dict, rows: list) -> bool:
+  """Whether the last stage of a run (its config.json, its metrics.jsonl rows) ended: its last evaluation is at
+  the stage's last configured step, or at the step where the stage stopped early because its loss average fell
+  below `stop_at_loss` (an SFT stage's only early end). An SFT stage that evaluates along the way
+  (`eval_every`) and was interrupted has evaluations too, at neither."""
+  stage = config["stages"][-1]
+  end = sum(config[s]["steps"] for s in config["stages"])       # global steps: the stages' configured lengths
+  evals = [r for r in rows if r.get("stage") == stage and "eval/accuracy" in r]
+  if not evals:
+    return False
+  step, threshold = evals[-1]["step"], config[stage].get("stop_at_loss", 0.0)
+  return step == end or (bool(threshold) and any(
+      r.get("stage") == stage and r.get("step") == step and r.get("loss_ema", threshold) < threshold for r in rows))
+
+
 def finished(path: str) -> bool:
   try:
     config = json.load(open(os.path.join(path, "config.json")))
-    rows = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl")) if '"eval/accuracy"' in line]
+    rows = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl")) if line.strip()]
   except (OSError, ValueError):
     return False
-  stage = config["stages"][-1]
-  last = [r for r in rows if r.get("stage") == stage]
-  end = sum(config[s]["steps"] for s in config["stages"])       # global steps: the stages' configured lengths
-  return bool(last) and (config[stage].get("kind") == "sft" or last[-1]["step"] == end)
+  return stage_done(config, rows)
 
 
 def launch(root: str, path: str, config: str, args: list, lock: str, dry_run: bool, tag: str, **record) -> int:

@@ -414,11 +414,18 @@ def _check_models(config) -> None:
                         f"(roles: {', '.join(config.models.keys()) or 'none'}).")
   if not config.models.keys():
     return
-  from rlkit.train.models import role_model_defaults
+  from rlkit.models.tokenizer import TOKENIZERS
+  from rlkit.train.models import role_model_defaults, role_tokenizer
   for role in config.models.keys():
     section = config.models[role]
     _check_section(section, role_model_defaults(), f"models.{role}")
     _check_path(section.path, f"models.{role}.path")
+    if section.tokenizer.kind:
+      choice(section.tokenizer.kind, TOKENIZERS, f"models.{role}.tokenizer.kind")
+    try:
+      role_tokenizer(section, f"models.{role}")
+    except (FileNotFoundError, ValueError) as e:
+      raise ConfigError(f"models.{role}.tokenizer: {e}") from None
     if section.trainable and role != "critic" and role not in trained:
       raise ConfigError(f"models.{role}.trainable=True: of the roles only `critic` (the value model of "
                         "rl.advantage='gae') and those a stage trains (graft.peer, rquest.proposer) are trained; set "

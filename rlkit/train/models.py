@@ -19,8 +19,13 @@ its shards.
 
 `build_models(config.models, ...)` gives one `Model(module, params, tokenizer, trainable)` per role. A role
 section is `role_model_defaults()`: the policy's `model_defaults()` fields plus `trainable` (frozen models,
-the default, never enter an optimizer). With a `path`, only the section's `param_dtype`, `dtype` and
-`attention` apply; the architecture comes from the source.
+the default, never enter an optimizer) and `tokenizer`. With a `path`, only the section's `param_dtype`,
+`dtype` and `attention` apply; the architecture comes from the source.
+
+A role's tokenizer is its `tokenizer` section when that names a kind, else its source's (a checkpoint, an HF
+folder with tokenizer.json), else the run's. The section exists for a role built from the fields that must
+read text through another tokenizer than the policy's: a cross-tokenizer teacher in a run that trains both
+from scratch (configs/xtok_opd.py:test), which no source could otherwise give its tokenizer.
 """
 from __future__ import annotations
 
@@ -52,10 +57,31 @@ class Model(NamedTuple):
 
 
 def role_model_defaults() -> ml_collections.ConfigDict:
-  """A `config.models.<role>` section: the policy's model fields (documented in config.py) + `trainable`."""
+  """A `config.models.<role>` section: the policy's model fields (documented in config.py), `trainable` and
+  the role's own `tokenizer` (module docstring)."""
   c = model_defaults()
   c.trainable = False           # train it too (a critic, a peer); frozen models never enter an optimizer
+  c.tokenizer = ml_collections.ConfigDict()
+  c.tokenizer.kind = ""         # "": the source's tokenizer (path), else the run's; char | hf: this one instead
+  c.tokenizer.path = ""         # hf: tokenizer.json or its folder
   return c
+
+
+def role_tokenizer(section, where: str) -> Optional[Tokenizer]:
+  """The tokenizer a role section names in `tokenizer`, or None when `tokenizer.kind` is "" (the role reads
+  its source's tokenizer, else the run's); `where` names the section in errors."""
+  spec = section.tokenizer
+  if not spec.kind:
+    if spec.path:
+      raise ValueError(f"{where}.tokenizer.path={spec.path!r} is set but {where}.tokenizer.kind is ''; set "
+                       f"{where}.tokenizer.kind='hf' to read it (or clear the path).")
+    return None
+  if spec.kind == "hf" and not spec.path:
+    raise ValueError(f"{where}.tokenizer.kind='hf' needs {where}.tokenizer.path (a tokenizer.json or its folder).")
+  if spec.kind != "hf" and spec.path:
+    raise ValueError(f"{where}.tokenizer.path={spec.path!r} is read by kind 'hf' only; {where}.tokenizer.kind="
+                     f"{spec.kind!r} takes no path (clear it).")
+  return tokenizer_from_spec({"kind": spec.kind, "path": spec.path})
 
 
 # ------------------------------------------------------------------------------------------ specs
@@ -246,14 +272,17 @@ def build_model(section, tokenizer: Tokenizer, key: jax.Array, mesh) -> tuple[Tr
 def build_models(models_section, tokenizer: Tokenizer, key: jax.Array, mesh) -> dict[str, Model]:
   """One `Model` per role of `config.models` (each a `role_model_defaults()` section).
 
-  A role's tokenizer is its source's when it has one (a checkpoint, an HF folder with tokenizer.json), else
-  `tokenizer` (the run's). A role initialised from fields draws from `fold_in(key, crc32(role))`, so adding
-  or renaming another role does not change it.
+  A role's tokenizer is its `tokenizer` section's when that names a kind, else its source's when it has one
+  (a checkpoint, an HF folder with tokenizer.json), else `tokenizer` (the run's); the model is built for, or
+  checked against, that tokenizer. A role initialised from fields draws from `fold_in(key, crc32(role))`, so
+  adding or renaming another role does not change it.
   """
   out = {}
   for role in models_section.keys():
     section = models_section[role]
     role_key = jax.random.fold_in(key, zlib.crc32(role.encode()) & 0x7FFFFFFF)
-    module, params, own = _build(section, tokenizer, role_key, mesh, f"models.{role}", use_own=True)
-    out[role] = Model(module, params, own or tokenizer, bool(section.trainable))
+    named = role_tokenizer(section, f"models.{role}")
+    module, params, own = _build(section, named or tokenizer, role_key, mesh, f"models.{role}",
+                                 use_own=named is None)
+    out[role] = Model(module, params, named or own or tokenizer, bool(section.trainable))
   return out

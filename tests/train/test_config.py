@@ -24,7 +24,8 @@ def test_presets_validate(preset):
   validate(_load("grpo_arith").get_config(preset))
 
 
-@pytest.mark.parametrize("name", ["baselines", "calif", "drm", "graft", "onepo", "prorubric", "rquest", "tips"])
+@pytest.mark.parametrize("name", ["baselines", "calif", "drm", "graft", "onepo", "prorubric", "rquest", "tips",
+                                  "xtok_opd"])
 def test_experiment_presets_validate(name):
   """Every preset of the experiment configs validates, with the SFT checkpoints they start from left empty
   (the model then comes from its fields); given, the paths are checked by `_check_path`."""
@@ -111,6 +112,22 @@ def test_valid_model_roles_pass():
   c = _config()
   c.models.reference = role_model_defaults()
   validate(c)
+
+
+@pytest.mark.parametrize("kind,path,needle", [
+    ("hf", "", r"models.teacher.tokenizer.kind='hf' needs models.teacher.tokenizer.path"),
+    ("", "some/folder", r"tokenizer.path='some/folder' is set but models.teacher.tokenizer.kind is ''"),
+    ("char", "some/folder", r"read by kind 'hf' only"),
+    ("hf", "/nowhere/tok", r"no tokenizer file at '/nowhere/tok'"),
+    ("bpe", "", r"models.teacher.tokenizer.kind='bpe'.*char, hf"),
+])
+def test_a_role_tokenizer_mistake_is_named(kind, path, needle):
+  from rlkit.train.models import role_model_defaults
+  c = _config()
+  c.models.teacher = role_model_defaults()
+  c.models.teacher.tokenizer.kind, c.models.teacher.tokenizer.path = kind, path
+  with pytest.raises(ConfigError, match=needle):
+    validate(c)
 
 
 def test_validate_for_processes_names_the_batch_that_does_not_split():

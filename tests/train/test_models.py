@@ -241,3 +241,24 @@ def test_role_model_vocabulary_must_cover_its_tokenizer(hf_dir):
   # ... but as a role it brings its own tokenizer (32 ids), which fits.
   out = build_models(_models_section(teacher=section), big, jax.random.key(0), make_mesh({"data": -1}))
   assert isinstance(out["teacher"].tokenizer, HFTokenizer)
+
+
+def test_a_role_reads_text_through_the_tokenizer_its_section_names(tmp_path, run_dir):
+  """models.<role>.tokenizer: a role built from the fields gets that tokenizer and its vocabulary (a teacher with
+  other merges than the policy's), one loaded from a path is checked against it, and kind '' keeps the old rule
+  (the source's, else the run's)."""
+  from rlkit.models.bpe import bpe_tokenizer
+  folder = str(tmp_path / "bpe")
+  bpe = bpe_tokenizer([f"{a}+{b}={a + b}" for a in range(60) for b in range(0, 60, 3)], 280, folder=folder)
+  run_tok, mesh = CharTokenizer(), make_mesh({"data": -1})
+  named = _section()
+  named.tokenizer.kind, named.tokenizer.path = "hf", folder
+  out = build_models(_models_section(teacher=named, plain=_section()), run_tok, jax.random.key(0), mesh)
+  teacher = out["teacher"]
+  assert isinstance(teacher.tokenizer, HFTokenizer) and teacher.tokenizer.get_vocab() == bpe.get_vocab()
+  assert teacher.module.cfg.vocab_size == bpe.vocab_size == 280
+  assert out["plain"].tokenizer is run_tok and out["plain"].module.cfg.vocab_size == run_tok.vocab_size
+  named.path = str(run_dir[0])                 # a char checkpoint: fewer ids than the BPE it is told to read
+  with pytest.raises(ValueError, match=r"models.teacher.path=.*smaller than its tokenizer's 280"):
+    build_models(_models_section(teacher=named), run_tok, jax.random.key(0), mesh)
+

@@ -1,0 +1,136 @@
+"""Summarise experiments/xtok_opd: the results tables (markdown, printed) and a PNG of the curves.
+
+  python experiments/xtok_opd/summarize.py --root=/tmp/xtok_opd [--seeds=0,1,2] [--out=FILE.png]
+
+Reads DIR/teacher_s<seed>, DIR/student_s<seed> and every DIR/<arm>_s<seed> that exists. Printed: the base models
+per seed (the teacher at the end and at STUDENT_SFT_STEPS, which is the same-tokenizer student, and the
+cross-tokenizer student), then experiments/arm_tables.py's final table and curves, each arm's curve starting at
+step 0 from its own student's accuracy; the alignment metrics are training metrics, shown at each evaluation as
+their mean over the iterations since the previous one. Last, the pre-registered comparisons, paired within each
+seed (README.md): final accuracy differences aligned - spans and both - aligned, each arm's gain over its own
+student, and gap recovery (acc - student) / (teacher - student).
+"""
+import argparse
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from configs.xtok_opd import ARMS, STUDENT_SFT_STEPS  # noqa: E402
+from experiments.arm_tables import load_arm, summarize  # noqa: E402
+from experiments.driver import last_eval, spread  # noqa: E402
+from rlkit.train.metrics import read_metrics  # noqa: E402
+
+METRICS = {"held-out accuracy": "eval/accuracy", "aligned frac": "distill/aligned_frac",
+           "spans per row": "distill/spans", "sample reward (T=1)": "reward", "response length": "eval/response_len"}
+PAIRS = (("aligned", "spans"), ("both", "aligned"), ("both", "spans"))
+TIE = 0.02                      # |mean paired difference| below 2 points: a tie (README)
+MIN_ROOM = 0.10                 # a seed whose teacher is less than 10 points above its student is left out (README)
+
+
+def base_accuracy(root: str, seed: int) -> dict:
+  """{"teacher", "student_a", "student_b"}: held-out accuracy of the seed's teacher (last evaluation), of its
+  checkpoint at STUDENT_SFT_STEPS and of the cross-tokenizer student; nan where a run is missing."""
+  teacher = os.path.join(root, f"teacher_s{seed}", "metrics.jsonl")
+  at = {r["step"]: r["eval/accuracy"] for r in read_metrics(teacher) if "eval/accuracy" in r}
+  student = last_eval(os.path.join(root, f"student_s{seed}"))
+  return {"teacher": at[max(at)] if at else np.nan, "student_a": at.get(STUDENT_SFT_STEPS, np.nan),
+          "student_b": student["eval/accuracy"] if student else np.nan}
+
+
+def make_load(root: str):
+  """`load(path, keys)` for arm_tables.summarize: load_arm's evaluations with the training metrics as window means
+  and step 0 = the arm's own student."""
+  def load(path: str, keys) -> dict:
+    run = load_arm(path, [k for k in keys if k.startswith("eval/")])
+    config = json.load(open(os.path.join(path, "config.json")))
+    stage, offset = config["stages"][-1], sum(config[s]["steps"] for s in config["stages"][:-1])
+    rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step_s" in r and r.get("stage") == stage]
+    for key in keys:
+      if key.startswith("eval/"):
+        continue
+      values, start = [], 0
+      for step in run["steps"]:
+        window = [r[key] for r in rows if start < r["step"] - offset <= step and key in r]
+        values.append(float(np.mean(window)) if window else np.nan)
+        start = step
+      run["values"][key] = values
+    arm, seed = os.path.basename(path).rsplit("_s", 1)
+    base = base_accuracy(root, int(seed))["student_a" if ARMS[arm]["student"] == "a" else "student_b"]
+    run["steps"] = [0] + run["steps"]
+    for key in keys:
+      run["values"][key] = [base if key == "eval/accuracy" else np.nan] + run["values"][key]
+    return run
+  return load
+
+
+def verdict(x: str, y: str, d: list) -> str:
+  """The README's rule on paired differences d = acc(x) - acc(y): "x > y" when the mean is at least TIE and the
+  difference has that sign on a majority of seeds, "tie" when |mean| < TIE, else "mixed"."""
+  mean = float(np.mean(d))
+  if abs(mean) < TIE:
+    return "tie"
+  winner, loser, agree = (x, y, sum(v > 0 for v in d)) if mean > 0 else (y, x, sum(v < 0 for v in d))
+  return f"{winner} > {loser}" if 2 * agree > len(d) else "mixed"
+
+
+def comparisons(runs: dict, bases: dict) -> None:
+  """The README's paired comparisons: per-seed differences of final accuracy, gains and gap recovery, on the
+  seeds whose teacher is at least MIN_ROOM above the student."""
+  kept = [s for s, b in bases.items() if b["teacher"] - b["student_b"] >= MIN_ROOM]
+  left = sorted(set(bases) - set(kept))
+  if left:
+    print(f"\nLeft out of the comparisons (teacher less than {100 * MIN_ROOM:.0f} points above its student): seeds "
+          f"{', '.join(map(str, left))}")
+  done = {arm: {s: r["values"]["eval/accuracy"] for s, r in by.items() if r["done"] and s in kept}
+          for arm, by in runs.items()}
+  final = {arm: {s: v[-1] for s, v in by.items()} for arm, by in done.items()}
+  area = {arm: {s: float(np.mean(v[1:])) for s, v in by.items()} for arm, by in done.items()}   # after step 0
+  for label, values in (("final held-out accuracy (the verdicts)", final),
+                        ("mean held-out accuracy over the evaluations after step 0 (secondary)", area)):
+    print(f"\nPaired differences of {label}; points, a tie when |mean| < {100 * TIE:.0f}:\n")
+    print("| comparison | per seed | mean | verdict |\n|---|---|---|---|")
+    for x, y in PAIRS:
+      seeds = sorted(set(values.get(x, {})) & set(values.get(y, {})))
+      if not seeds:
+        continue
+      d = [values[x][s] - values[y][s] for s in seeds]
+      cells = ", ".join(f"s{s}: {100 * v:+.1f}" for s, v in zip(seeds, d))
+      print(f"| {x} - {y} | {cells} | {100 * np.mean(d):+.1f} | {verdict(x, y, d)} |")
+  print("\nGain over the arm's own student and gap recovery (acc - student) / (teacher - student):\n")
+  print("| arm | seeds | gain (points) | gap recovery |\n|---|---|---|---|")
+  for arm, by_seed in final.items():
+    key = "student_a" if ARMS[arm]["student"] == "a" else "student_b"
+    seeds = [s for s in by_seed if np.isfinite(bases[s][key])]
+    if not seeds:
+      continue
+    gains = [by_seed[s] - bases[s][key] for s in seeds]
+    room = [bases[s]["teacher"] - bases[s][key] for s in seeds]
+    recovery = [g / r if r > 0 else np.nan for g, r in zip(gains, room)]
+    print(f"| {arm} | {','.join(map(str, seeds))} | {spread([100 * g for g in gains], '{:+.1f}')} | "
+          f"{spread(recovery, '{:.2f}')} |")
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--root", default="/tmp/xtok_opd")
+  p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--out", default=os.path.join(HERE, "curves.png"))
+  args = p.parse_args(argv)
+  warnings.filterwarnings("ignore", "Mean of empty slice")      # metrics an arm does not log (nan cells)
+  seeds = [int(s) for s in args.seeds.split(",")]
+  bases = {s: base_accuracy(args.root, s) for s in seeds}
+  print(f"| seed | teacher (A) | teacher at step {STUDENT_SFT_STEPS} = same_tok's student (A) | student (B) |\n"
+        "|---|---|---|---|")
+  for s, b in bases.items():
+    print(f"| {s} | {b['teacher']:.3f} | {b['student_a']:.3f} | {b['student_b']:.3f} |")
+  runs = summarize(args.root, ARMS, seeds, METRICS, args.out, "xtok_opd", base="", load=make_load(args.root))
+  comparisons(runs, bases)
+
+
+if __name__ == "__main__":
+  main()
