@@ -26,6 +26,26 @@ def load_arm(path: str, keys) -> dict:
           "train_s": float(sum(r["step_s"] for r in train)), "done": done}
 
 
+def load_with_training(path: str, keys, last=()) -> dict:
+  """`load_arm` for the `eval/` keys, and every other key a training metric shown at each evaluation step as its
+  mean over the iterations since the previous evaluation (the keys in `last`: their value at the step, e.g. a
+  running count)."""
+  run = load_arm(path, [k for k in keys if k.startswith("eval/")])
+  config = json.load(open(os.path.join(path, "config.json")))
+  stage, offset = config["stages"][-1], sum(config[s]["steps"] for s in config["stages"][:-1])
+  rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step_s" in r and r.get("stage") == stage]
+  for key in keys:
+    if key.startswith("eval/"):
+      continue
+    values, start = [], 0
+    for step in run["steps"]:
+      window = [r[key] for r in rows if start < r["step"] - offset <= step and key in r]
+      values.append((window[-1] if key in last else float(np.mean(window))) if window else np.nan)
+      start = step
+    run["values"][key] = values
+  return run
+
+
 def summarize(root: str, arms, seeds, metrics: dict, out_png: str, title: str, base: str = "sft",
               load=load_arm) -> dict:
   """Prints the base policy's row (ROOT/<base>_s<seed>), every arm's last evaluation and each metric's curve;

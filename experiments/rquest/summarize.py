@@ -11,13 +11,10 @@ import argparse
 import os
 import sys
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.rquest import ARMS  # noqa: E402
-from experiments.arm_tables import load_arm, summarize  # noqa: E402
-from rlkit.train.metrics import read_metrics  # noqa: E402
+from experiments.arm_tables import load_with_training, summarize  # noqa: E402
 
 METRICS = {"held-out accuracy": "eval/accuracy", "invalid": "rquest/invalid", "duplicate": "rquest/duplicate",
            "hidden duplicate": "rquest/hidden_duplicate", "unique fingerprints": "rquest/unique",
@@ -26,20 +23,7 @@ LAST = ("rquest/unique",)           # a running count: its value at the step, no
 
 
 def load(path: str, keys) -> dict:
-  """`load_arm`'s evaluations, with each training metric as its window mean (or last value) at every one."""
-  run = load_arm(path, [k for k in keys if k.startswith("eval/")])
-  rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step_s" in r]
-  offset = rows[0]["step"] - 1 if rows else 0
-  for key in keys:
-    if key.startswith("eval/"):
-      continue
-    values, start = [], 0
-    for step in run["steps"]:
-      window = [r[key] for r in rows if start < r["step"] - offset <= step and key in r]
-      values.append((window[-1] if key in LAST else float(np.mean(window))) if window else np.nan)
-      start = step
-    run["values"][key] = values
-  return run
+  return load_with_training(path, keys, last=LAST)
 
 
 def main(argv=None) -> None:

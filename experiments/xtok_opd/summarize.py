@@ -11,7 +11,6 @@ seed (README.md): final accuracy differences aligned - spans and both - aligned,
 student, and gap recovery (acc - student) / (teacher - student).
 """
 import argparse
-import json
 import os
 import sys
 import warnings
@@ -21,7 +20,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.xtok_opd import ARMS, STUDENT_SFT_STEPS  # noqa: E402
-from experiments.arm_tables import load_arm, summarize  # noqa: E402
+from experiments.arm_tables import load_with_training, summarize  # noqa: E402
 from experiments.driver import last_eval, spread  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
@@ -46,19 +45,7 @@ def make_load(root: str):
   """`load(path, keys)` for arm_tables.summarize: load_arm's evaluations with the training metrics as window means
   and step 0 = the arm's own student."""
   def load(path: str, keys) -> dict:
-    run = load_arm(path, [k for k in keys if k.startswith("eval/")])
-    config = json.load(open(os.path.join(path, "config.json")))
-    stage, offset = config["stages"][-1], sum(config[s]["steps"] for s in config["stages"][:-1])
-    rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step_s" in r and r.get("stage") == stage]
-    for key in keys:
-      if key.startswith("eval/"):
-        continue
-      values, start = [], 0
-      for step in run["steps"]:
-        window = [r[key] for r in rows if start < r["step"] - offset <= step and key in r]
-        values.append(float(np.mean(window)) if window else np.nan)
-        start = step
-      run["values"][key] = values
+    run = load_with_training(path, keys)
     arm, seed = os.path.basename(path).rsplit("_s", 1)
     base = base_accuracy(root, int(seed))["student_a" if ARMS[arm]["student"] == "a" else "student_b"]
     run["steps"] = [0] + run["steps"]
