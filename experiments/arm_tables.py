@@ -103,6 +103,12 @@ def plot(runs: dict, metrics: dict, out: str, title: str) -> None:
   axes[0][0].legend(fontsize=8)
   seeds = sorted({s for by in runs.values() for s in by})
   fig.suptitle(f"{title} (seeds {','.join(map(str, seeds))}; bands: min-max)")
+  save_figure(fig, out)
+
+
+def save_figure(fig, out: str) -> None:
+  """Lays out, writes (100 dpi) and closes a summary figure, and says where it went."""
+  import matplotlib.pyplot as plt
   fig.tight_layout()
   fig.savefig(out, dpi=100)
   plt.close(fig)

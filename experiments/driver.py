@@ -119,6 +119,11 @@ def run_from_sft(args: argparse.Namespace, tag: str, config: str, arm_args=None)
       if launch(args.root, path, f"{config}:{arm}", [f"--config.seed={seed}", f"--config.model.path={sft}", *extra],
                 args.lock, args.dry_run, tag, name=arm, seed=seed):
         failed.append(path)
+  return report(tag, failed)
+
+
+def report(tag: str, failed: list) -> int:
+  """A driver's exit status: 1 with the failed workdirs printed, 0 when none failed."""
   if failed:
     print(f"[{tag}] failed: {', '.join(failed)}", flush=True)
   return 1 if failed else 0

@@ -43,7 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.drm import ARMS, HEADS, RISK_LEVEL  # noqa: E402
-from experiments.arm_tables import summarize  # noqa: E402
+from experiments.arm_tables import save_figure, summarize  # noqa: E402
 from experiments.driver import spread  # noqa: E402
 from rlkit.data import make_task  # noqa: E402
 from rlkit.data.annotated import midpoint_levels, mixture_pdf, mixture_quantiles  # noqa: E402
@@ -213,10 +213,7 @@ def plot_densities(show: dict, out: str, seed: int) -> None:
     ax.grid(alpha=0.3)
   axes[0][0].legend(fontsize=8)
   fig.suptitle(f"drm: head samples vs the true rating density (seed {seed}, held-out examples)")
-  fig.tight_layout()
-  fig.savefig(out, dpi=100)
-  plt.close(fig)
-  print(f"\nwrote {out}")
+  save_figure(fig, out)
 
 
 def main(argv=None) -> None:

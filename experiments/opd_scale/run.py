@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from configs.opd_scale import ARMS, STUDENT_WIDTHS, TEACHER_WIDTHS, TEACHERS, teacher_step  # noqa: E402
-from experiments.driver import launch, parse_args  # noqa: E402
+from experiments.driver import launch, parse_args, report  # noqa: E402
 
 CONFIG = "configs/opd_scale.py"
 
@@ -70,9 +70,7 @@ def main(argv=None) -> int:
       if launch(args.root, path, f"{CONFIG}:{arm}", arm_args(arm, seed, args.root), args.lock, args.dry_run,
                 "opd_scale", name=arm, seed=seed):
         failed.append(path)
-  if failed:
-    print(f"[opd_scale] failed: {', '.join(failed)}", flush=True)
-  return 1 if failed else 0
+  return report("opd_scale", failed)
 
 
 if __name__ == "__main__":

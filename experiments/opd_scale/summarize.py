@@ -28,7 +28,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.opd_scale import ARMS, STUDENT_WIDTHS, TEACHER_WIDTHS, TEACHERS  # noqa: E402
-from experiments.arm_tables import load_with_training, summarize  # noqa: E402
+from experiments.arm_tables import load_with_training, save_figure, summarize  # noqa: E402
 from experiments.driver import last_eval, spread  # noqa: E402
 from experiments.opd_scale.run import student_path, teacher_path  # noqa: E402
 
@@ -312,10 +312,7 @@ def scatter(rows: list, out: str) -> None:
     ax.grid(alpha=0.3)
   axes[0].set_ylabel("gap recovery")
   axes[0].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(out, dpi=100)
-  plt.close(fig)
-  print(f"\nwrote {out}")
+  save_figure(fig, out)
 
 
 def main(argv=None) -> None:

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from configs.rquest import ARMS  # noqa: E402
-from experiments.driver import launch, parse_args  # noqa: E402
+from experiments.driver import launch, parse_args, report  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -37,9 +37,7 @@ def main(argv=None) -> int:
                 f"{base['solver']}", f"--config.models.proposer.path={base['proposer']}"], args.lock, args.dry_run,
                 "rquest", name=arm, seed=seed):
         failed.append(path)
-  if failed:
-    print(f"[rquest] failed: {', '.join(failed)}", flush=True)
-  return 1 if failed else 0
+  return report("rquest", failed)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from configs.xtok_opd import ARMS, STUDENT_SFT_STEPS  # noqa: E402
-from experiments.driver import launch, parse_args  # noqa: E402
+from experiments.driver import launch, parse_args, report  # noqa: E402
 from experiments.xtok_opd.make_bpe import make_tokenizers  # noqa: E402
 
 CONFIG = "configs/xtok_opd.py"
@@ -66,9 +66,7 @@ def main(argv=None) -> int:
       if launch(args.root, path, f"{CONFIG}:{arm}", arm_args(arm, seed, args.root, tokenizers), args.lock,
                 args.dry_run, "xtok_opd", name=arm, seed=seed):
         failed.append(path)
-  if failed:
-    print(f"[xtok_opd] failed: {', '.join(failed)}", flush=True)
-  return 1 if failed else 0
+  return report("xtok_opd", failed)
 
 
 if __name__ == "__main__":
