@@ -19,8 +19,9 @@ Two forms, both reading the teacher as scored in the scoring phase (never inside
 
 Top-k: with `distill.top_k = k > 0` the teacher keeps its k most likely tokens per position; both distributions
 are renormalised on that support (the student's log-probs gathered at the teacher's ids), and the teacher's kept
-mass is logged (`distill/teacher_mass`), so a user sees how much of the teacher the loss ignores. The full form
-needs the vocabularies to match (the same tokenizer); across tokenizers see rlkit/objectives/xtok.py.
+mass is logged (`distill/teacher_mass`), so a user sees how much of the teacher the loss ignores. Across
+tokenizers (`distill.cross_tokenizer`, rlkit/objectives/xtok.py) the terms act at the strictly aligned
+positions only, on the vocabulary both tokenizers share, which rlkit/train/distill.py supplies as the support.
 
 Each divergence is a loss term (registry LOSS_TERMS, `rl.loss_terms.<name> = weight`): a weight λ mixes it with
 the RL policy loss of the same update.
@@ -97,14 +98,19 @@ def _divergence_term(name: str):
   def make(cfg):
     d = cfg.distill
     logp_key, ids_key = f"{d.teacher}_dist_logp", f"{d.teacher}_dist_ids"
+    # A teacher with another tokenizer: only the strictly aligned positions, on the shared vocabulary
+    # (rlkit/train/distill.py stores it as a top-k support; its kept mass is logged there, per aligned token).
+    aligned_key = f"{d.teacher}_xtok_aligned" if getattr(d, "cross_tokenizer", "") else None
 
     def term(logp, logits, batch, step_inputs):
       del logp
       student, teacher, mass = on_teacher_support(logits, batch.extras[logp_key], batch.extras.get(ids_key),
                                                   cfg.temperature)
       per_tok = divergence(name, student, teacher, d.beta)
+      if aligned_key:
+        per_tok = jnp.where(batch.extras[aligned_key], per_tok, 0.0)
       metrics = {f"distill/{name}": token_mean(per_tok, batch.loss_mask, step_inputs)}
-      if ids_key in batch.extras:
+      if ids_key in batch.extras and not aligned_key:
         metrics["distill/teacher_mass"] = token_mean(mass, batch.loss_mask, step_inputs)
       return per_tok, metrics
     return term

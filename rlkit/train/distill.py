@@ -24,7 +24,16 @@ one token advantage estimator, the teacher's scorers and, for a teacher with ano
                          `distill/aligned_frac` (share of response tokens strictly aligned) and `distill/spans`
                          (mean spans per row). A row that ended with a stop token has it aligned with the
                          teacher's EOS after the text; special ids the student sampled mid-text carry no text and
-                         join the span around them. The loss terms need one vocabulary and are refused with it.
+                         join the span around them.
+  aligned distributions  with a cross-tokenizer teacher the full-distribution terms (`reverse_kl`, `forward_kl`,
+                         `jsd`) compare the two models at the strictly aligned positions only, over the shared
+                         vocabulary (the token strings both vocabularies hold, `xtok.shared_vocab`; the student's
+                         stop token paired with the teacher's EOS): `after_score` stores the teacher's log-probs at
+                         the aligned teacher position restricted to the shared tokens ("<teacher>_dist_logp",
+                         their ids in the student's vocabulary "<teacher>_dist_ids"; the k most likely of them with
+                         `distill.top_k`), the term renormalises both sides on that support and logs the teacher's
+                         kept mass (`distill/teacher_mass`: 1 − the mass renormalisation drops); unaligned
+                         positions add nothing. The sampled-token term `opd` needs one vocabulary and is refused.
 
 The `distill` stage kind (`rl_stage.distill_defaults`) is the rl stage with `advantage="opd"` by default, so
 `stages = ("sft", "rl", "distill")` distils the RL policy into a student given as the run's model.
@@ -43,7 +52,7 @@ import numpy as np
 from rlkit.models.tokenizer import bucket_length, pad_left, pad_right
 from rlkit.objectives import ADVANTAGES, group_advantages
 from rlkit.objectives.distill import DIVERGENCES, opd_token_advantage
-from rlkit.objectives.xtok import MODES, align_batch, span_logp, teacher_at_student, xtok_opd_adv
+from rlkit.objectives.xtok import MODES, align_batch, shared_vocab, span_logp, teacher_at_student, xtok_opd_adv
 from rlkit.parallel.hosts import host_rows, process_max, process_sum
 from rlkit.rollout.scoring import make_distribution_scorer, make_scorer
 from rlkit.train.phases.advantages import TOKEN_ESTIMATORS, TokenEstimator
@@ -59,7 +68,8 @@ def distill_defaults() -> ml_collections.ConfigDict:
   c.reward_weight = 0.0         # advantage opd: λ, the weight of the RL advantage added (0: pure distillation)
   c.reward_advantage = "group"  # advantage opd: the group estimator of that RL advantage
   c.cross_tokenizer = ""        # advantage opd with a teacher of another tokenizer: aligned | spans | both
-                                # (rlkit/objectives/xtok.py); "": the teacher reads the student's token ids
+                                # (rlkit/objectives/xtok.py; the divergence terms then compare aligned
+                                # positions on the shared vocabulary); "": the teacher reads the student's ids
   return c
 
 
@@ -125,6 +135,31 @@ def _xtok_advantage(s_logp, t_logp, aligned, teacher_index, span_id, teacher_spa
                       span_logp(s_logp, span_id, n_spans), span_logp(t_logp, teacher_span_id, n_spans), mode)
 
 
+@functools.partial(jax.jit, static_argnames="top_k")
+def _aligned_distribution(t_dist_logp, teacher_index, aligned, s_ids, t_ids, top_k):
+  """The teacher's log-probs [N, R, K] at each student position's aligned teacher position, on the shared
+  tokens `t_ids` (not renormalised: their total is the kept mass), and their student ids [N, R, K]; with
+  top_k the k most likely shared tokens. Zero rows at unaligned positions (the loss term leaves them out)."""
+  logp = jnp.take(teacher_at_student(t_dist_logp, teacher_index), t_ids, axis=-1)
+  ids = jnp.broadcast_to(s_ids, logp.shape)
+  if top_k:
+    logp, pick = jax.lax.top_k(logp, min(top_k, logp.shape[-1]))
+    ids = jnp.take(s_ids, pick)
+  return jnp.where(aligned[..., None], logp, 0.0), ids.astype(jnp.int32)
+
+
+_logsumexp = jax.jit(functools.partial(jax.nn.logsumexp, axis=-1))
+
+
+def _shared_ids(student_tok, teacher_tok) -> tuple[jax.Array, jax.Array]:
+  """`shared_vocab` of the two tokenizers, with the student's EOS paired with the teacher's (the stop token is
+  aligned with the teacher's EOS even when the two spell it differently)."""
+  s_ids, t_ids = shared_vocab(student_tok.get_vocab(), teacher_tok.get_vocab())
+  if student_tok.eos_id not in s_ids:
+    s_ids, t_ids = np.append(s_ids, student_tok.eos_id), np.append(t_ids, teacher_tok.eos_id)
+  return jnp.asarray(s_ids, jnp.int32), jnp.asarray(t_ids, jnp.int32)
+
+
 def after_score(ctx, cfg, sampling):
   """The step `Learner.learn` runs on the scored batch: `(batch, samples) -> (batch, metrics)`, the identity
   unless `distill.cross_tokenizer` is set; then the cross-tokenizer advantage (module docstring)."""
@@ -136,6 +171,9 @@ def after_score(ctx, cfg, sampling):
   score_teacher = make_scorer(teacher.module, dataclasses.replace(sampling, stop_ids=t_tok.stop_ids,
                                                                   pad_id=t_tok.pad_id))
   bos = [] if t_tok.bos_id is None else [t_tok.bos_id]        # as the data pipeline prompts a model
+  if uses_distribution(cfg):            # the full-distribution terms, at aligned positions (module docstring)
+    score_dist = make_distribution_scorer(teacher.module, cfg.temperature, 0)
+    shared = _shared_ids(student_tok, t_tok)            # (student ids, teacher ids) of the shared strings
 
   def step(batch, samples):
     ro, valid = samples.rollout, samples.valid
@@ -170,8 +208,16 @@ def after_score(ctx, cfg, sampling):
     tokens, aligned, spans, n_rows = process_sum([lengths.sum(), al.aligned.sum(), al.n_spans[valid].sum(),
                                                   valid.sum()])
     extras = {f"{key}_adv": adv, f"{key}_aligned": dev["aligned"], f"{key}_span": dev["span_id"]}
-    return batch.replace(extras=dict(batch.extras, **extras)), {
-        "distill/aligned_frac": float(aligned / max(tokens, 1)), "distill/spans": float(spans / max(n_rows, 1))}
+    metrics = {"distill/aligned_frac": float(aligned / max(tokens, 1)),
+               "distill/spans": float(spans / max(n_rows, 1))}
+    if uses_distribution(cfg):
+      t_dist = score_dist(teacher.params, _TeacherRows(dev["tokens"], dev["mask"], dev["response_mask"]))
+      dist_logp, extras[f"{d.teacher}_dist_ids"] = _aligned_distribution(
+          t_dist["dist_logp"], dev["teacher_index"], dev["aligned"], *shared, top_k=d.top_k)
+      extras[f"{d.teacher}_dist_logp"] = dist_logp
+      mass = process_sum([np.where(host_rows(dev["aligned"]), np.exp(host_rows(_logsumexp(dist_logp))), 0).sum()])
+      metrics["distill/teacher_mass"] = float(mass[0] / max(aligned, 1))
+    return batch.replace(extras=dict(batch.extras, **extras)), metrics
   return step
 
 
@@ -187,11 +233,12 @@ def check(cfg, name: str) -> str:
     where = f"{name}.distill.cross_tokenizer={d.cross_tokenizer!r}"
     if d.cross_tokenizer not in MODES:
       return f"{where}: '' (the teacher shares the student's tokenizer) or one of {', '.join(MODES)}."
-    one_vocab = sorted(t for t in cfg.loss_terms.keys() if t in SAMPLED + DIVERGENCES)
+    one_vocab = sorted(t for t in cfg.loss_terms.keys() if t in SAMPLED)
     if one_vocab:
-      return (f"{where} with {name}.loss_terms {one_vocab}: those terms compare the teacher and the student "
-              "token by token over one vocabulary, which a teacher with another tokenizer does not share; drop "
-              f"them (the cross-tokenizer signal is the advantage, {name}.advantage='opd'), or set "
+      return (f"{where} with {name}.loss_terms {one_vocab}: that term reads the teacher's log-prob of each "
+              "sampled student token, over one vocabulary, which a teacher with another tokenizer does not "
+              f"share; drop it (the cross-tokenizer signal is the advantage, {name}.advantage='opd', and the "
+              f"full-distribution terms {', '.join(DIVERGENCES)} at aligned positions), or set "
               "cross_tokenizer='' for a teacher with the student's tokenizer.")
     if cfg.advantage != "opd":
       return (f"{where} is read by the opd advantage only, and {name}.advantage={cfg.advantage!r}; set "

@@ -113,3 +113,19 @@ def test_the_divergence_terms_report_their_value_and_the_kept_mass():
   assert per_tok.shape == (3, 4) and set(metrics) == {"distill/forward_kl", "distill/teacher_mass"}
   expected = float(jnp.sum(jnp.where(mask, per_tok, 0.0)) / 12.0)
   np.testing.assert_allclose(metrics["distill/forward_kl"].value, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", D.DIVERGENCES)
+def test_across_tokenizers_a_divergence_counts_the_aligned_positions_only(name):
+  """With `distill.cross_tokenizer` the term reads the aligned mask: an unaligned position adds nothing
+  whatever the teacher holds there, an aligned one is the divergence on the given support, renormalised."""
+  logits, mask = _logits(3), jnp.ones((3, 4), bool)
+  batch = _batch(_logits(4), mask, top_k=3)
+  aligned = jnp.asarray(np.random.default_rng(0).random((3, 4)) < 0.5)
+  batch.extras["teacher_xtok_aligned"] = aligned
+  cross, _ = LOSS_TERMS.get(name)(_cfg(cross_tokenizer="aligned"))(None, logits, batch, STEP)
+  plain, _ = LOSS_TERMS.get(name)(_cfg())(None, logits, batch, STEP)
+  assert 0 < aligned.sum() < aligned.size
+  np.testing.assert_array_equal(np.asarray(cross)[~np.asarray(aligned)], 0.0)
+  np.testing.assert_allclose(np.asarray(cross)[np.asarray(aligned)], np.asarray(plain)[np.asarray(aligned)])
+  assert (np.asarray(plain) > 0).all()

@@ -166,8 +166,10 @@ HOST_ONLY = ("kind", "steps", "prompts_per_step", "group_size", "reward", "advan
              "correction", "rollout_mismatch", "gamma", "gae_lambda", "whiten_advantages", "critic",
              "max_sampling_rounds", "augment", "overlong_cache", "overlong_factor", "eval_every",
              "max_skipped_updates", "ppo_epochs", "minibatches")
-# Fields of nested sections that no step reads either (the opd advantage's, computed before the step).
+# Fields of nested sections that no step reads either (the opd advantage's, computed before the step; the
+# cross-tokenizer mode only reaches the step through the divergence terms, which then read the aligned mask).
 HOST_ONLY_NESTED = {"distill": ("reward_weight", "reward_advantage", "cross_tokenizer")}
+DIVERGENCE_TERMS = ("reverse_kl", "forward_kl", "jsd")
 _STEPS: dict = {}
 _SCORERS: dict = {}
 
@@ -186,7 +188,8 @@ def _memo_step(make):
     section = {k: v for k, v in cfg.to_dict().items() if k not in HOST_ONLY}
     for name, fields in HOST_ONLY_NESTED.items():
       if name in section:
-        section[name] = {k: v for k, v in section[name].items() if k not in fields}
+        keep = ("cross_tokenizer",) if set(DIVERGENCE_TERMS) & set(cfg.loss_terms.keys()) else ()
+        section[name] = {k: v for k, v in section[name].items() if k not in fields or k in keep}
     if cfg.optimizer.schedule != "constant":     # decaying schedules depend on the number of updates
       section["total_updates"] = cfg.steps * cfg.ppo_epochs * cfg.minibatches
     arguments.pop("tx")                          # built from cfg.optimizer (and the number of updates)

@@ -20,7 +20,7 @@ import pytest
 from rlkit.models.bpe import bpe_tokenizer
 from rlkit.models.tokenizer import pad_left, pad_right
 from rlkit.models.transformer import Transformer, init_params
-from rlkit.rollout.scoring import score_response
+from rlkit.rollout.scoring import response_forward, score_response
 from rlkit.train import distill, rl_stage
 from rlkit.train.config import ConfigError, rl_defaults
 from rlkit.train.models import Model
@@ -87,11 +87,10 @@ def test_a_teacher_with_the_students_tokenizer_gives_the_same_tokenizer_opd():
   assert np.abs(c["adv"][c["mask"]]).min() > 0
 
 
-def _by_hand(run, mode: str) -> np.ndarray:
-  """The advantage of `mode` from the BPE teacher's own tokenization of each row's prompt and response text,
-  scored unbucketed (exact widths), aligned by the char-student rule of the module docstring."""
-  h, teacher = _host(run), _bpe_teacher()
-  tok, r = teacher.tokenizer, ts.MAX_NEW
+def _teacher_rows(h):
+  """The BPE teacher's own tokenization of each row's prompt and response text, unbucketed (exact widths):
+  (tokens, attention mask, response width, each row's response offsets, whether it ended with a stop)."""
+  tok, r = _bpe_teacher().tokenizer, ts.MAX_NEW
   prompts, responses, offsets, stops = [], [], [], []
   for tokens, mask in zip(h["tokens"], h["mask"]):
     ids = tokens[-r:][mask].tolist()
@@ -106,10 +105,18 @@ def _by_hand(run, mode: str) -> np.ndarray:
   p, rt = max(map(len, prompts)), max(map(len, responses))
   pt, pm = pad_left(prompts, p, tok.pad_id)
   rtok, rm = pad_right(responses, rt, tok.pad_id)
+  return np.concatenate([pt, rtok], 1), np.concatenate([pm, rm], 1), rt, offsets, stops
+
+
+def _by_hand(run, mode: str) -> np.ndarray:
+  """The advantage of `mode` from the BPE teacher's own tokenization (`_teacher_rows`), aligned by the
+  char-student rule of the module docstring."""
+  h, teacher = _host(run), _bpe_teacher()
+  tokens, mask, rt, offsets, stops = _teacher_rows(h)
   sampling = rl_stage.sampling_config(ts._config({}), ts.TOK)
   with fast_compile():
     t_logp = np.asarray(jax.jit(score_response, static_argnums=(0, 4, 5))(
-        teacher.module, teacher.params, np.concatenate([pt, rtok], 1), np.concatenate([pm, rm], 1), rt, sampling))
+        teacher.module, teacher.params, tokens, mask, rt, sampling))
   aligned, spans = np.zeros_like(h["old"]), np.zeros_like(h["old"])
   for i, (t_off, stop) in enumerate(zip(offsets, stops)):
     s_logp = h["old"][i]
@@ -154,10 +161,12 @@ def test_c_configurations_that_need_one_vocabulary_are_refused():
     rl_stage.validate(section, "rl")
   section.distill.cross_tokenizer = "spans"
   rl_stage.validate(section, "rl")
-  for term in ("opd", "reverse_kl", "forward_kl", "jsd"):
+  section.loss_terms = ml_collections.ConfigDict({"opd": 1.0})
+  with pytest.raises(ConfigError, match=r"loss_terms \['opd'\].*one vocabulary"):
+    rl_stage.validate(section, "rl")
+  for term in ("reverse_kl", "forward_kl", "jsd"):          # these compare aligned positions (test_d)
     section.loss_terms = ml_collections.ConfigDict({term: 1.0})
-    with pytest.raises(ConfigError, match=rf"loss_terms \['{term}'\].*one vocabulary"):
-      rl_stage.validate(section, "rl")
+    rl_stage.validate(section, "rl")
   section.loss_terms, section.advantage = ml_collections.ConfigDict({}), "group"
   with pytest.raises(ConfigError, match="read by the opd advantage only"):
     rl_stage.validate(section, "rl")
@@ -166,3 +175,32 @@ def test_c_configurations_that_need_one_vocabulary_are_refused():
     for overrides in ({"advantage": "opd"}, {"loss_terms": {"reverse_kl": 1.0}}):
       with pytest.raises(ConfigError, match=r"another tokenizer.*rl\.distill\.cross_tokenizer='aligned'"):
         ts.run_stage(overrides)
+
+
+def test_d_the_divergence_terms_compare_aligned_positions_on_the_shared_vocabulary():
+  """With the BPE teacher, `reverse_kl` reads at each strictly aligned student position the teacher's
+  distribution at its own aligned token (computed here from its tokenization of the text), restricted to the
+  strings both vocabularies hold (the characters and EOS), and nothing at the other positions; the teacher's
+  kept mass is below one (its multi-character tokens are dropped) and the term moves the update."""
+  with _teacher(_bpe_teacher()):
+    run = ts.run_stage({**DEMO, "distill.cross_tokenizer": "aligned", "loss_terms": {"reverse_kl": 1.0}},
+                       patches=[(distill, "make_scorer", ts._memo_scorer)])
+  h, teacher, extras = _host(run), _bpe_teacher(), run.batches[0].extras
+  s_ids, t_ids = (np.asarray(a) for a in distill._shared_ids(ts.TOK, teacher.tokenizer))
+  logp, ids = np.asarray(extras["teacher_dist_logp"]), np.asarray(extras["teacher_dist_ids"])
+  np.testing.assert_array_equal(ids, np.broadcast_to(s_ids, ids.shape))
+  assert (logp[~h["aligned"]] == 0).all()
+  tokens, mask, rt, offsets, stops = _teacher_rows(h)
+  with fast_compile():
+    logits, _ = jax.jit(response_forward, static_argnums=(0, 4))(teacher.module, teacher.params, tokens, mask, rt)
+  full = np.asarray(jax.nn.log_softmax(logits.astype(np.float32) / ts._config({}).temperature, axis=-1))
+  checked = 0
+  for i, (t_off, stop) in enumerate(zip(offsets, stops)):
+    pairs = [(s, j) for j, (s, e) in enumerate(t_off) if e - s == 1]
+    pairs += [(h["mask"][i].sum() - 1, len(t_off))] * stop        # the stop token and the teacher's EOS
+    for s, j in pairs:
+      np.testing.assert_allclose(logp[i, s], full[i, j][t_ids], atol=1e-5)
+    checked += len(pairs)
+  assert checked == h["aligned"].sum() > 0
+  assert 0 < run.metrics["distill/teacher_mass"] < 1 and run.metrics["distill/reverse_kl"] > 0
+  assert not np.allclose(run.delta, _run("aligned", "bpe").delta)
