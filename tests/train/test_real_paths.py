@@ -196,11 +196,34 @@ def _readme_commands() -> list[list[str]]:
   return commands
 
 
+def _rlkit_workdir(path: str) -> str:
+  """An rlkit workdir holding one checkpoint of a tiny char model: what the README recipe that starts RL from
+  the main job's workdir (/tmp/grpo_arith, which a fresh machine does not have) points at here."""
+  import jax
+  import optax
+  from rlkit.models.tokenizer import CharTokenizer
+  from rlkit.parallel.mesh import make_mesh
+  from rlkit.train.checkpoint import Checkpointer
+  from rlkit.train.models import build_model, model_spec, role_model_defaults
+  from rlkit.train.steps import init_train_state
+  section = role_model_defaults()
+  section.update(hidden_size=32, intermediate_size=48, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
+  module, params = build_model(section, CharTokenizer(), jax.random.key(0), make_mesh({"data": 1}, jax.devices()[:1]))
+  saver = Checkpointer(os.path.join(path, "checkpoints"), every=1, model_spec=model_spec(module.cfg, {"kind": "char"}))
+  saver.save(1, {"train": init_train_state(params, optax.adam(1e-3))}, {"stage_index": 0})
+  saver.close()
+  return path
+
+
 def test_readme_recipes_validate(tmp_path):
-  """Each README recipe (a launch.py command with --config.* overrides), as written, passes validation."""
+  """Each README recipe (a launch.py command with --config.* overrides), as written, passes validation; the
+  main job's workdir a recipe starts from is a tiny rlkit workdir here."""
   commands = _readme_commands()
   assert len(commands) >= 8
+  main_job = _rlkit_workdir(str(tmp_path / "grpo_arith"))
+  assert any("--config.model.path=/tmp/grpo_arith" in argv for argv in commands)
   for argv in commands:
-    argv = [a for a in argv if not a.startswith("--workdir=")]
+    argv = [a.replace("=/tmp/grpo_arith", f"={main_job}") if a.startswith("--config.model.path=") else a
+            for a in argv if not a.startswith("--workdir=")]
     code, out, err = launch_in_process(*argv, "--validate_only", f"--workdir={tmp_path / 'run'}")
     assert code == 0 and "config OK" in out, (argv, err[-2000:])
