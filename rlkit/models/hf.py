@@ -35,6 +35,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from rlkit.models.lora import has_adapters, merge
 from rlkit.models.transformer import Transformer, TransformerConfig, as_dtype
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen2", "llama")
@@ -376,9 +377,12 @@ def save(path: Union[str, os.PathLike], module_or_cfg: Union[Transformer, Transf
   """Writes a folder that `transformers.AutoModelForCausalLM.from_pretrained(path)` loads.
 
   `max_shard_bytes` splits the weights into `model-0000i-of-0000n.safetensors` plus an index json.
-  The folder appears only when complete; an existing non-empty `path` needs `overwrite=True`.
+  The folder appears only when complete; an existing non-empty `path` needs `overwrite=True`. LoRA adapters
+  in `params` are merged into their kernels first (`rlkit.models.lora.merge`).
   """
   cfg = module_or_cfg.cfg if isinstance(module_or_cfg, Transformer) else module_or_cfg
+  if has_adapters(params):
+    params = merge(params)
   _check_tree(cfg, params)
   file_dtype = _file_dtype(params)
   hf = config_to_hf(cfg.replace(param_dtype=file_dtype), model_type)

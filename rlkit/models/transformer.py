@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from rlkit.models.attention import attend, causal_blocks, masked_probs, merge_blocks, query_blocks
 from rlkit.models.decode_layout import NK, dot_nk
+from rlkit.models.lora import low_rank_term
 from rlkit.models.matmul import weight_matmul
 from rlkit.parallel.rules import constrain_batch
 
@@ -156,8 +157,10 @@ def _proj(module: nn.Module, name: str, eq: str, eq_nk: str, x: Array, w: Array,
   """`x` times weight `name` (`w`, contracted by `eq`), or, when the params hold its features-major copy
   (`decode_params`), that copy times `x` by `eq_nk` (weight first)."""
   if module.has_variable("params", name + NK):
-    return dot_nk(eq_nk, module.get_variable("params", name + NK), x, dtype)
-  return _dot(eq, x, w, dtype)
+    y = dot_nk(eq_nk, module.get_variable("params", name + NK), x, dtype)
+  else:
+    y = _dot(eq, x, w, dtype)
+  return low_rank_term(module, name, x, y, dtype)     # LoRA adapters, LoGRA's sketch path (models/lora.py)
 
 
 class NormScale(nn.Module):

@@ -272,17 +272,18 @@ def logra(learning_rate: optax.ScalarOrSchedule, rank: int, *, seed=0, b1=0.0, b
 # ---------------------------------------------------------------------------------------------- KL control
 
 def softmax_fisher_quadratic(logits_fn: Callable[[Any], jax.Array], params, delta, *, temperature=1.0,
-                             where: Optional[jax.Array] = None) -> jax.Array:
+                             where: Optional[jax.Array] = None, jvp: Callable = jax.jvp) -> jax.Array:
   r"""q = ½·Δᵀ·F·Δ for the policy softmax(z/T) on probe tokens, from one logit JVP.
 
   .. math:: q = \frac{1}{2T^2} \operatorname{mean}_{\text{tokens}}
             \operatorname{Var}_{p=\mathrm{softmax}(z/T)}(dz), \quad dz = J_z \Delta
 
   which is the second-order term of KL(p(θ) ‖ p(θ + Δ)). `logits_fn(params)` returns the probe logits
-  [..., V]; `where` [...] selects the probe tokens that count (default: all).
+  [..., V]; `where` [...] selects the probe tokens that count (default: all). `jvp`: `jax.jvp`'s signature;
+  a model with `custom_vjp` layers (rlkit's transformer) passes one computed by two VJPs.
   """
   delta = optax.tree.cast_like(delta, params)
-  z, dz = jax.jvp(logits_fn, (params,), (delta,))
+  z, dz = jvp(logits_fn, (params,), (delta,))
   z, dz = z.astype(jnp.float32) / temperature, dz.astype(jnp.float32) / temperature
   p = jax.nn.softmax(z, axis=-1)
   centred = dz - jnp.sum(p * dz, axis=-1, keepdims=True)

@@ -3,16 +3,26 @@
 `make_optimizer(cfg, total_steps)` builds `clip_by_global_norm(clip) -> <optimizer>` with the learning rate
 from a schedule: linear warm-up for `warmup_steps`, then `constant`, `cosine` (to `lr * final_lr_frac`) or
 `linear` decay over the rest of `total_steps`. The optimizer is wrapped in `optax.inject_hyperparams`, so the
-current learning rate is part of the optimizer state (checkpointed, and logged as `lr`).
+current learning rate is part of the optimizer state (checkpointed, and logged as `lr`). With `kl_target > 0`
+the whole chain is wrapped in `predicted_kl_control` (rlkit/optim/logra.py): the update step passes a
+`kl_probe` over its batch's tokens (rlkit/train/steps.py).
+
+An optimizer may change what the step differentiates: its registry entry's `gradient_path(cfg)` attribute
+gives the `GradientPath` (rlkit/optim/trainable.py; `logra`: sketches, rlkit/optim/logra_training.py);
+`gradient_path(cfg)` here returns it, or `DENSE`.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import ml_collections
 import optax
 
 from rlkit.core.registry import Registry
+from rlkit.optim import logra_training
+from rlkit.optim.logra import PredictedKLState, predicted_kl_control
+from rlkit.optim.trainable import DENSE, GradientPath
 
 OPTIMIZERS: Registry[Callable[..., optax.GradientTransformation]] = Registry("optimizer")
 SCHEDULES: Registry[Callable[..., optax.Schedule]] = Registry("lr schedule")
@@ -31,6 +41,14 @@ def _adam(learning_rate, cfg) -> optax.GradientTransformation:
 @OPTIMIZERS.register("sgd")
 def _sgd(learning_rate, cfg) -> optax.GradientTransformation:
   return optax.sgd(learning_rate, momentum=cfg.b1 or None)
+
+
+@OPTIMIZERS.register("logra")
+def _logra(learning_rate, cfg) -> optax.GradientTransformation:
+  return logra_training.logra_optimizer(learning_rate, cfg)
+
+
+_logra.gradient_path = logra_training.logra_path
 
 
 def _warmup_then(decay: optax.Schedule, lr: float, warmup: int) -> optax.Schedule:
@@ -57,7 +75,8 @@ def _linear(lr, warmup, total, final_frac):
 def optimizer_defaults() -> ml_collections.ConfigDict:
   """The `optimizer` section of a training stage; every field is documented here, once."""
   c = ml_collections.ConfigDict()
-  c.name = "adamw"          # registry name: adamw | adam | sgd
+  c.name = "adamw"          # registry name: adamw | adam | sgd | logra (sketched RowAdam on logra_targets,
+                            # AdamW with b1, b2, eps on the rest; rlkit/optim/logra_training.py)
   c.lr = 1e-3               # peak learning rate
   c.schedule = "constant"   # constant | cosine | linear (after warm-up)
   c.warmup_steps = 0        # linear warm-up from 0 to `lr`, in optimizer steps
@@ -65,9 +84,28 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   c.b1 = 0.9                # Adam beta1 (SGD momentum; 0 = none)
   c.b2 = 0.999              # Adam beta2
   c.eps = 1e-8              # Adam epsilon
-  c.weight_decay = 0.0      # decoupled weight decay (adamw)
+  c.weight_decay = 0.0      # decoupled weight decay (adamw, logra)
   c.clip_norm = 1.0         # clip gradients to this global norm; 0 disables
+  c.kl_target = 0.0         # scale each step so the KL it predicts on the step's own batch tokens is <= this;
+                            # a non-finite prediction skips the step (0: off; DESIGN, methods/systems.md §3)
+  c.logra_rank = 16         # logra: sketch width r of each selected projection
+  c.logra_targets = ("qkv", "o", "gate_up", "down")   # logra: the decoder projections trained on sketches
+  c.logra_b2 = 0.95         # logra: decay of RowAdam's row-wise second moment
+  c.logra_refresh_every = 1   # logra: steps between projection redraws (0: one projection throughout)
+  c.logra_seed = 0          # logra: seed of the projections (regenerated from it, the weight's path and the step)
   return c
+
+
+def check(section, where: str) -> None:
+  """ValueError naming the key and the fix for a bad optimizer section (names: config.check_optimizer)."""
+  if section.kl_target < 0:
+    raise ValueError(f"{where}.kl_target={section.kl_target} must be >= 0 (0 turns the KL control off).")
+  logra_training.check(section, where)
+
+
+def gradient_path(cfg: ml_collections.ConfigDict) -> GradientPath:
+  """What the update step differentiates for the optimizer of section `cfg` (module docstring)."""
+  return getattr(OPTIMIZERS.get(cfg.name), "gradient_path", lambda cfg: DENSE)(cfg)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
@@ -76,12 +114,28 @@ def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Gr
   tx = optax.inject_hyperparams(lambda learning_rate: make(learning_rate, cfg))(learning_rate=schedule)
   if cfg.clip_norm and cfg.clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
+  if cfg.kl_target > 0:
+    tx = predicted_kl_control(tx, cfg.kl_target)
   return tx
+
+
+def _find(opt_state: Any, test) -> Any:
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=test) if test(s)]
+  return found[0] if found else None
 
 
 def current_lr(opt_state: Any) -> Any:
   """The learning rate the last update used (from the inject_hyperparams state)."""
-  for s in (opt_state if isinstance(opt_state, tuple) else (opt_state,)):
-    if hasattr(s, "hyperparams"):
-      return s.hyperparams["learning_rate"]
-  return None
+  s = _find(opt_state, lambda s: hasattr(s, "hyperparams"))
+  return None if s is None else s.hyperparams["learning_rate"]
+
+
+def update_info(opt_state: Any) -> tuple[dict, Any]:
+  """({"lr", with KL control "kl/predicted", "kl/scale"}: values after an update, whether the KL control
+  skipped it (False without one))."""
+  lr = current_lr(opt_state)
+  info = {} if lr is None else {"lr": lr}
+  kl = _find(opt_state, lambda s: isinstance(s, PredictedKLState))
+  if kl is None:
+    return info, False
+  return dict(info, **{"kl/predicted": kl.predicted_kl, "kl/scale": kl.scale}), kl.scale == 0

@@ -22,6 +22,7 @@ regex `re.search`-es the path gives its spec. Default rules for `rlkit.models.tr
   moe/down              [E, F, D]         P("tensor", None, "fsdp")         experts split (expert parallel)
   moe/router            [D, E]            P()                               small; every token needs all of it
   .../scale (RMSNorms)  [D] or [hd]       P()                               small
+  .../<w>_lora_a, _b    [in, r], [r, out] P()                               LoRA adapters (models/lora.py): small
 
 Experts go on "tensor" rather than splitting each expert's F because `moe/gate_up` concatenates gate and up
 along its last axis ([:F] gate, [F:] up), so an F split would put gate and up on different devices and force
@@ -75,6 +76,7 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
     (_L + r"moe/down$", P("tensor", None, "fsdp")),
     (_L + r"moe/router$", P()),
     (_L + r"scale$", P()),
+    (_L + r"\w+_lora_[ab]$", P()),           # LoRA adapters (rlkit/models/lora.py): rank-r, small
 )
 
 REPLICATE_REST: tuple[str, P] = (r".*", P())

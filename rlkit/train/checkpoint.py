@@ -134,6 +134,16 @@ class CheckpointReader:
           "CheckpointReader.restore_params, or re-save the checkpoint with a model spec.")
     return self._manager.restore(step, args=ocp.args.Composite(**{MODEL: ocp.args.JsonRestore()}))[MODEL]
 
+  def saved_params(self, step: int) -> Any:
+    """The metadata (shape, dtype per leaf) of `state["train"].params` of `step`; nothing is read."""
+    tree = self._manager.item_metadata(step)[STATE].tree
+    saved = tree.get("train", {}).get("params") if isinstance(tree, dict) else None
+    if saved is None:
+      raise ValueError(f"Checkpoint {self.step_dir(step)} has no train/params in its state (top-level keys: "
+                       f"{sorted(tree) if isinstance(tree, dict) else type(tree).__name__}); expected a stage "
+                       "state {'train': TrainState(step, params, opt_state), ...}.")
+    return saved
+
   def restore_params(self, step: int, target: Any) -> Any:
     """`state["train"].params` of `step`, restored onto `target` (ShapeDtypeStructs with shardings).
 
@@ -145,13 +155,7 @@ class CheckpointReader:
     its `target` dtype.
     """
     where = self.step_dir(step)
-    tree = self._manager.item_metadata(step)[STATE].tree
-    saved = tree.get("train", {}).get("params") if isinstance(tree, dict) else None
-    if saved is None:
-      raise ValueError(f"Checkpoint {where} has no train/params in its state (top-level keys: "
-                       f"{sorted(tree) if isinstance(tree, dict) else type(tree).__name__}); expected a stage "
-                       "state {'train': TrainState(step, params, opt_state), ...}.")
-    _check_like(saved, target, where)
+    _check_like(self.saved_params(step), target, where)
     item = {"train": {"params": target}}
     restore_args = jax.tree.map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding, dtype=t.dtype), item)
     out = self._manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(

@@ -14,7 +14,10 @@ import ml_collections
 
 from rlkit.core.registry import closest_first
 from rlkit.objectives.correction import correction_defaults
+from rlkit.models.lora import check_run as check_lora
+from rlkit.models.lora import lora_defaults
 from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES, optimizer_defaults
+from rlkit.optim.optimizers import check as optimizer_check
 from rlkit.rollout.mismatch import mismatch_defaults
 from rlkit.train.distill import distill_defaults
 from rlkit.train.onepo import onepo_defaults
@@ -40,6 +43,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   c.param_dtype = "float32"     # parameter (master weight) dtype
   c.dtype = "float32"           # compute dtype: float32 | bfloat16
   c.attention = "xla"           # training/scoring attention: xla | cpu_kernel (C++ kernel for XLA:CPU, g++)
+  c.lora = lora_defaults()      # LoRA adapters of a trained model (fields: rlkit/models/lora.py)
   return c
 
 
@@ -253,6 +257,10 @@ def check_optimizer(section, where: str) -> None:
   choice(section.schedule, SCHEDULES, f"{where}.schedule")
   if section.lr <= 0:
     raise ConfigError(f"{where}.lr={section.lr} must be > 0.")
+  try:
+    optimizer_check(section, where)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def _positive(config, keys: tuple[str, ...], minimum: int = 1) -> None:
@@ -500,6 +508,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(f"model.attention='cpu_kernel' needs model.head_dim % 32 == 0 (got "
                         f"{config.model.head_dim}); use model.attention='xla'.")
   _check_models(config)
+  try:
+    check_lora(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   if config.wandb.mode not in ("disabled", "offline", "online"):
     raise ConfigError(f"wandb.mode={config.wandb.mode!r}; choose one of disabled, offline, online.")
   if config.mesh.cpu_devices < 0:

@@ -28,7 +28,7 @@ from rlkit.core.types import Metric, TrainBatch
 from rlkit.models.transformer import Transformer
 from rlkit.objectives import aggregate
 from rlkit.objectives.returns import clipped_value_loss, explained_variance
-from rlkit.optim.optimizers import make_optimizer
+from rlkit.optim.optimizers import gradient_path, make_optimizer
 from rlkit.train.config import ConfigError
 from rlkit.train.phases.update import ppo_updates
 from rlkit.train.steps import init_train_state, make_update_step, rl_counts
@@ -61,11 +61,12 @@ class Critic:
     self.tx = make_optimizer(self.section.optimizer, cfg.steps * cfg.ppo_epochs * cfg.minibatches)
     self.values = jax.jit(lambda params, batch: value_forward(module, params, batch.tokens, batch.attention_mask,
                                                               batch.response_len))
-    self.step = make_update_step(self._loss, self.tx, cfg.micro_batches, rl_counts)
+    self.path = gradient_path(self.section.optimizer)
+    self.step = make_update_step(self._loss, self.tx, cfg.micro_batches, rl_counts, self.path)
 
   def init(self, policy_params: Any):
     start = policy_params if self.decoder_params is None else self.decoder_params
-    return init_train_state(init_value_params(start, self.module.cfg.hidden_size), self.tx)
+    return init_train_state(init_value_params(start, self.module.cfg.hidden_size), self.tx, self.path)
 
   def _loss(self, params, mb: TrainBatch, step_inputs):
     values = value_forward(self.module, params, mb.tokens, mb.attention_mask, mb.response_len)

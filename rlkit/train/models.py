@@ -39,6 +39,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from rlkit.models.lora import add_adapters, has_adapters, merge, with_saved_adapters
 from rlkit.models.tokenizer import Tokenizer, make_tokenizer
 from rlkit.models.transformer import Transformer, TransformerConfig
 from rlkit.parallel.rules import param_shardings, shard_params, sharded_init
@@ -203,7 +204,7 @@ def _load_checkpoint(directory: str, step: Optional[int], dtype, param_dtype, at
     where = reader.step_dir(step)
     spec = reader.model_spec(step)
     module = Transformer(_override(_config_from_spec(spec, where), dtype, param_dtype, attention))
-    shapes = _abstract_params(module)
+    shapes = with_saved_adapters(_abstract_params(module), reader.saved_params(step))
     if mesh is None:
       one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
       shardings = jax.tree.map(lambda _: one, shapes)
@@ -211,6 +212,7 @@ def _load_checkpoint(directory: str, step: Optional[int], dtype, param_dtype, at
       shardings = param_shardings(shapes, mesh)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
     params = reader.restore_params(step, target)
+    params = merge(params) if has_adapters(params) else params     # a LoRA run's policy loads merged
   finally:
     reader.close()
   try:
@@ -247,8 +249,17 @@ def load_model(path: str, *, dtype: Optional[str] = None, param_dtype: Optional[
 # ----------------------------------------------------------------------------------------- building
 
 def _build(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_own: bool):
-  """(module, params, the source's tokenizer or None) of one model section; the model is checked against
-  the tokenizer it will be used with: the source's when `use_own` and it has one, else `tokenizer`."""
+  """(module, params, the source's tokenizer or None) of one model section, with LoRA adapters when
+  `section.lora.rank` > 0 (rlkit/models/lora.py); the model is checked against the tokenizer it will be used
+  with: the source's when `use_own` and it has one, else `tokenizer`."""
+  module, params, own = _build_base(section, tokenizer, key, mesh, where, use_own)
+  if section.lora.rank:
+    params = add_adapters(params, section.lora, jax.random.fold_in(key, 0x10A))
+    params = params if mesh is None else shard_params(params, mesh)
+  return module, params, own
+
+
+def _build_base(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_own: bool):
   if section.path:
     module, params, own = load_model(section.path, dtype=section.dtype, param_dtype=section.param_dtype,
                                      attention=section.attention, mesh=mesh)

@@ -193,6 +193,9 @@ def validate(section, name: str) -> None:
   if section.batch_size < 1 or section.eval_samples < 2:
     raise ConfigError(f"{name}: batch_size={section.batch_size} must be >= 1 and eval_samples="
                       f"{section.eval_samples} >= 2.")
+  if section.optimizer.kl_target:
+    raise ConfigError(f"{name}.optimizer.kl_target={section.optimizer.kl_target}: the reward head has no policy "
+                      "whose KL could be predicted; set it to 0.")
 
 
 register_stage("reward_model", Stage(_init, _run, reward_model_defaults, validate))

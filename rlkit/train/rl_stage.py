@@ -25,9 +25,10 @@ import numpy as np
 
 from rlkit.core.types import ROW_SOURCE, ROW_SOURCES
 from rlkit.data.pipeline import make_iterator
+from rlkit.models.lora import sampling_params
 from rlkit.objectives.correction import CORRECTIONS
 from rlkit.objectives.correction import check as check_correction
-from rlkit.optim.optimizers import make_optimizer
+from rlkit.optim.optimizers import gradient_path, make_optimizer
 from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rewards import REWARDS, VerifierExecutor, check_reward_kwargs, concat_outputs, take
 from rlkit.rollout.mismatch import from_config as mismatch_from_config
@@ -63,7 +64,8 @@ def _init(ctx, cfg, params):
 def init_policy_state(ctx, cfg, params, module=None, own_reference: bool = False) -> dict:
   """One policy's slice of the stage state: `train`, and as configured `ref_params` (its initial parameters:
   kl_beta > 0 without a `models.reference`, or `own_reference`), `critic`, `correction`."""
-  state = {"train": init_train_state(params, make_optimizer(cfg.optimizer, _total_updates(cfg)))}
+  state = {"train": init_train_state(params, make_optimizer(cfg.optimizer, _total_updates(cfg)),
+                                     gradient_path(cfg.optimizer))}
   if cfg.kl_beta > 0 and ("reference" not in ctx.models or own_reference):
     state["ref_params"] = jax.tree.map(jnp.copy, params)
   critic = build_critic(ctx, cfg, module).init(params)
@@ -116,7 +118,8 @@ class Learner:
     tok = ctx.tokenizer
     tx = make_optimizer(cfg.optimizer, _total_updates(cfg))
     self.sampling = sampling_config(cfg, tok)
-    self.step_fn = make_rl_step(self.model, tx, cfg, self.sampling, cfg.micro_batches, cfg.replay_routing)
+    self.step_fn = make_rl_step(self.model, tx, cfg, self.sampling, cfg.micro_batches, cfg.replay_routing,
+                                gradient_path(cfg.optimizer))
     self.step_inputs = default_step_inputs(cfg)
     self.scorers = _scorers(ctx, cfg, state, self.sampling, self.model, state.get("ref_params"))
     self.after_score = distill_after_score(ctx, cfg, self.sampling)
@@ -131,6 +134,7 @@ class Learner:
     """collect -> reward -> filter in rounds. Returns (samples, rewards, the first round's rewards, rounds)."""
     cfg, prompts = self.cfg, self.cfg.prompts_per_step
     parts, outputs, rounds = [], [], 0
+    params = sampling_params(params, self.ctx.config.model.lora)    # LoRA: merged weights or the adapter path
     while True:
       s = collect(self.sampler_model, params, batch, jax.random.fold_in(key, rounds), self.sampling,
                   cfg.group_size, self.ctx.put_batch, first_group_id=rounds * prompts, perturb=self.perturb)
@@ -268,6 +272,8 @@ def validate(section, name: str) -> None:
   need(0 <= section.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
   need(section.critic.value_clip > 0, "critic", "needs critic.value_clip > 0")
   check_optimizer(section.critic.optimizer, f"{name}.critic.optimizer")
+  need(not section.critic.optimizer.kl_target, "critic",
+       "has critic.optimizer.kl_target > 0: a value model has no policy KL to predict; set it to 0")
   bad_distill = check_distill(section, name)
   if bad_distill:
     raise ConfigError(bad_distill)

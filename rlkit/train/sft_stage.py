@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from rlkit.data.pipeline import make_sft_iterator
-from rlkit.optim.optimizers import make_optimizer
+from rlkit.optim.optimizers import gradient_path, make_optimizer
 from rlkit.train.config import ConfigError, sft_defaults
 from rlkit.train.phases.update import reduce_over_steps
 from rlkit.train.stages import Stage, loop, numeric, register_stage
@@ -17,12 +17,12 @@ from rlkit.train.steps import init_train_state, make_sft_step
 
 
 def _init(ctx, cfg, params):
-  return {"train": init_train_state(params, make_optimizer(cfg.optimizer, cfg.steps))}
+  return {"train": init_train_state(params, make_optimizer(cfg.optimizer, cfg.steps), gradient_path(cfg.optimizer))}
 
 
 def _run(ctx, cfg, state, start: int, meta: dict):
   tx = make_optimizer(cfg.optimizer, cfg.steps)
-  step_fn = make_sft_step(ctx.model, tx, cfg.micro_batches)
+  step_fn = make_sft_step(ctx.model, tx, cfg.micro_batches, gradient_path(cfg.optimizer))
   it = make_sft_iterator(ctx.train_source, cfg.batch_size, ctx.config.seed + 1000 * meta["stage_index"],
                          ctx.tokenizer, cfg.max_len, process_index=jax.process_index(),
                          process_count=jax.process_count())

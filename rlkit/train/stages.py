@@ -25,6 +25,7 @@ import jax
 import ml_collections
 
 from rlkit.core.registry import Registry
+from rlkit.models.lora import sampling_params
 from rlkit.train.evaluate import evaluate
 
 
@@ -78,6 +79,7 @@ def eval_metrics(ctx: Context, params, global_step: int, index: int, model=None)
   key = jax.random.fold_in(jax.random.fold_in(ctx.key, 10_000 + index), global_step)
   sets = {"": (ctx.task, ctx.eval_records), **{f"{name}/": v for name, v in ctx.extra_evals.items()}}
   metrics = {}
+  params = sampling_params(params, ctx.config.model.lora)      # LoRA: merged or not, as the rollouts
   for prefix, (task, records) in sets.items():
     got = evaluate(ctx.model if model is None else model, params, ctx.tokenizer, task, records, key,
                    batch_size=e.batch_size, max_prompt_len=ctx.config.data.max_prompt_len,

@@ -9,7 +9,8 @@ full-batch gradient for every aggregation mode (tests/train/test_steps.py checks
 
 Non-finite guard: if the loss or the gradient norm is not finite, the update is skipped inside the step
 (parameters, optimizer state and step counter unchanged) and `skipped_updates` counts it; the stage stops
-after too many in a row (`max_skipped_updates`).
+after too many in a row (`max_skipped_updates`). A step that predicted-KL control skips (its prediction not
+finite) counts there too.
 
 RL loss per token (methods/llm.md §12), the terms from `rlkit.objectives.loss_terms`:
 
@@ -33,21 +34,30 @@ from rlkit.core.types import Metric, TrainBatch
 from rlkit.models.transformer import Transformer
 from rlkit.objectives import aggregate, token_logprobs
 from rlkit.objectives.loss_terms import LOSS_TERMS, scaled_entropy, token_mean
-from rlkit.optim.optimizers import current_lr
+from rlkit.optim.logra import softmax_fisher_quadratic
+from rlkit.optim.optimizers import update_info
+from rlkit.optim.trainable import DENSE, GradientPath
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import processed_token_logprobs, response_forward
 
 Array = jax.Array
 
 
+class Probe(NamedTuple):
+  """The policy's (processed) logits [..., V] and the mask of the tokens that count, on a micro-batch: what
+  predicted-KL control measures its step on."""
+  logits: Callable[[Any, Any], Array]     # (params, micro_batch) -> logits
+  mask: Callable[[Any], Array]            # micro_batch -> bool mask over the logits' leading axes
+
+
 class TrainState(NamedTuple):
   step: Array          # [] int32 optimizer steps taken in this stage
   params: Any
-  opt_state: Any
+  opt_state: Any       # the optimizer's state over `path.trainable(params)` (all params unless LoRA)
 
 
-def init_train_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
-  return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+def init_train_state(params: Any, tx: optax.GradientTransformation, path: GradientPath = DENSE) -> TrainState:
+  return TrainState(jnp.zeros((), jnp.int32), params, tx.init(path.trainable(params)))
 
 
 def _split(tree: Any, n: int) -> Any:
@@ -91,38 +101,67 @@ def _accumulate(loss_fn, params: Any, batch: Any, micro_batches: int):
   return loss, grads, metrics
 
 
+def jvp_by_vjp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+  """`jax.jvp(f, primals, tangents)` for an `f` with `custom_vjp` parts (which forward mode cannot enter):
+  the VJP of `f`'s (linear) VJP at a zero cotangent, applied to the tangents, is J·t."""
+  y, vjp = jax.vjp(f, *primals)
+  _, vjp_of_vjp = jax.vjp(vjp, jax.tree.map(jnp.zeros_like, y))
+  (dy,) = vjp_of_vjp(tuple(tangents))
+  return y, dy
+
+
 def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_batches: int,
-                     counts: Callable[[Any], dict]):
+                     counts: Callable[[Any], dict], path: GradientPath = DENSE, probe: Optional[Probe] = None):
   """`step(state, batch, step_inputs) -> (state, {name: Metric})`, jitted, state donated.
 
   :param loss_fn: `(params, micro_batch, step_inputs) -> (scalar loss, {name: Metric})`, normalised by the
     full batch's counts, which the step adds to `step_inputs` from `counts(batch)`.
+  :param path: what is differentiated and what the optimizer updates (`rlkit.optim.optimizers.gradient_path`;
+    LoRA adapters and LoGRA sketches).
+  :param probe: the policy's logits and token mask on a micro-batch, for an optimizer with predicted-KL
+    control (`optimizer.kl_target`): its `kl_probe` is the softmax Fisher quadratic of the update on the
+    first micro-batch's tokens, i.e. the batch being trained on (no separate probe set).
   """
+  tx = optax.with_extra_args_support(tx)
 
-  def apply(state, grads):
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    info = {}
-    lr = current_lr(opt_state)
-    if lr is not None:
-      info["lr"] = Metric(lr)
-    return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), info
+  # The branches see the trainable part only: frozen weights (LoRA's base) passed through a lax.cond come
+  # out as copies (the LoRA step held one more base-sized buffer).
+  def apply(params, carry, grads, first_mb):
+    step, trainable, opt_state = carry
+    extra = {}
+    if probe is not None:
+      logits_fn = lambda t: probe.logits(path.with_trainable(params, t), first_mb)  # noqa: E731
+      extra["kl_probe"] = lambda d: softmax_fisher_quadratic(logits_fn, trainable, d, where=probe.mask(first_mb),
+                                                             jvp=jvp_by_vjp)
+    updates, opt_state = tx.update(grads, opt_state, trainable, **extra)
+    info, kl_skipped = update_info(opt_state)
+    kl_skipped = jnp.asarray(kl_skipped)
+    carry = (step + 1 - kl_skipped.astype(jnp.int32), optax.apply_updates(trainable, updates), opt_state)
+    return carry, ({k: Metric(v) for k, v in info.items()}, kl_skipped)
 
-  def skip(state, grads):
-    del grads
-    lr = current_lr(state.opt_state)
-    return state, ({"lr": Metric(lr)} if lr is not None else {})
+  def skip(params, carry, grads, first_mb):
+    del params, grads, first_mb
+    info, _ = update_info(carry[2])
+    return carry, ({k: Metric(v) for k, v in info.items()}, jnp.asarray(False))
 
   @functools.partial(jax.jit, donate_argnums=0)
   def step(state: TrainState, batch: Any, step_inputs: Optional[dict] = None):
     inputs = dict(step_inputs or {}, **counts(batch))
-    loss, grads, metrics = _accumulate(lambda p, mb: loss_fn(p, mb, inputs), state.params, batch,
-                                       micro_batches)
+    trainable = path.trainable(state.params)
+    args = path.grad_args(trainable, state.opt_state)
+    loss_of = lambda a, mb: loss_fn(path.model_params(a, state.params, state.opt_state), mb, inputs)  # noqa: E731
+    loss, grads, metrics = _accumulate(loss_of, args, batch, micro_batches)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    first_mb = batch if micro_batches == 1 else jax.tree.map(lambda x: x[0], _split(batch, micro_batches))
     # lax.cond runs one branch: a skipped update costs no pass over the parameters.
-    state, info = jax.lax.cond(finite, apply, skip, state, grads)
+    (count, trainable, opt_state), (info, kl_skipped) = jax.lax.cond(
+        finite, functools.partial(apply, state.params), functools.partial(skip, state.params),
+        (state.step, trainable, state.opt_state), grads, first_mb)
+    state = TrainState(count, path.with_trainable(state.params, trainable), opt_state)
+    skipped = jnp.logical_not(finite) | kl_skipped
     return state, {"loss": Metric(loss), **metrics, "grad_norm": Metric(grad_norm), **info,
-                   "skipped_updates": Metric(jnp.logical_not(finite).astype(jnp.int32), "sum")}
+                   "skipped_updates": Metric(skipped.astype(jnp.int32), "sum")}
 
   return step
 
@@ -140,9 +179,11 @@ def sum_terms(terms: dict[str, Callable], logp, logits, batch, step_inputs) -> t
 
 # ---------------------------------------------------------------------------------------------------- SFT
 
-def make_sft_step(model: Transformer, tx: optax.GradientTransformation, micro_batches: int = 1):
+def make_sft_step(model: Transformer, tx: optax.GradientTransformation, micro_batches: int = 1,
+                  path: GradientPath = DENSE):
   """`sft_step(state, batch[, step_inputs]) -> (state, metrics)`; batch: tokens, attention_mask, loss_mask
-  [B, T] (loss_mask marks target tokens) and optional token_weights [B, T]. The loss is the `nll` term."""
+  [B, T] (loss_mask marks target tokens) and optional token_weights [B, T]. The loss is the `nll` term;
+  `path`: `optimizers.gradient_path(optimizer section)`."""
   terms = {"nll": LOSS_TERMS.get("nll")(None)}
 
   def loss_fn(params, mb, step_inputs):
@@ -161,7 +202,9 @@ def make_sft_step(model: Transformer, tx: optax.GradientTransformation, micro_ba
   def counts(batch):
     return {"num_tokens": jnp.maximum(jnp.sum(batch["loss_mask"][:, 1:]), 1)}
 
-  return make_update_step(loss_fn, tx, micro_batches, counts)
+  probe = Probe(lambda p, mb: model.apply({"params": p}, mb["tokens"], attention_mask=mb["attention_mask"]),
+                lambda mb: jnp.pad(mb["loss_mask"][:, 1:], ((0, 0), (0, 1))).astype(bool))
+  return make_update_step(loss_fn, tx, micro_batches, counts, path, probe)
 
 
 # ----------------------------------------------------------------------------------------------------- RL
@@ -213,8 +256,14 @@ def make_rl_loss(model: Transformer, cfg, sampling: SamplingConfig, replay_routi
 
 
 def make_rl_step(model: Transformer, tx: optax.GradientTransformation, cfg, sampling: SamplingConfig,
-                 micro_batches: int = 1, replay_routing: bool = False):
+                 micro_batches: int = 1, replay_routing: bool = False, path: GradientPath = DENSE):
   """`rl_step(state, batch: TrainBatch, step_inputs) -> (state, metrics)`; `cfg` is the RL stage section
   (policy_loss, eps_low/high, dual_clip, aggregation, kl_estimator, kl_beta, entropy_coef, temperature,
-  max_new_tokens, loss_terms); pass `default_step_inputs(cfg)` (or annealed values) as step_inputs."""
-  return make_update_step(make_rl_loss(model, cfg, sampling, replay_routing), tx, micro_batches, rl_counts)
+  max_new_tokens, loss_terms); pass `default_step_inputs(cfg)` (or annealed values) as step_inputs. `path`:
+  `optimizers.gradient_path(cfg.optimizer)`. Predicted-KL control measures the sampler's softmax(z / T)."""
+  def probe_logits(params, mb):
+    routed = mb.extras.get("routed_experts") if replay_routing else None
+    logits, _ = response_forward(model, params, mb.tokens, mb.attention_mask, mb.response_len, routed)
+    return logits / sampling.temperature
+  return make_update_step(make_rl_loss(model, cfg, sampling, replay_routing), tx, micro_batches, rl_counts,
+                          path, Probe(probe_logits, lambda mb: mb.loss_mask))

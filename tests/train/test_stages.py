@@ -450,6 +450,8 @@ CONTEXT = {
     "overlong_factor": {"overlong_cache": 2},
     "eval_every": {"steps": 2},
 }
+# The optimizer fields of LoGRA and predicted-KL control: flipped in tests/optim/test_logra_training.py.
+LOW_RANK_FIELDS = tuple(k for k in optimizer_defaults() if k.startswith("logra_")) + ("kl_target",)
 # Fields whose effect needs more than a one-iteration flip, and the test that shows it.
 COVERED_ELSEWHERE = {
     "kind": "the stage kind itself (registry STAGES)",
@@ -462,7 +464,9 @@ COVERED_ELSEWHERE = {
     "replay_routing": "test_stage_passes_replay_routing_to_the_scorer_and_the_step, and its effect on an MoE "
                       "model: tests/train/test_phases.py::test_routing_replay_*",
     **{f"optimizer.{k}": "test_every_optimizer_field_changes_the_updates" for k in optimizer_defaults()
-       if k not in ("lr", "name")},
+       if k not in ("lr", "name") and k not in LOW_RANK_FIELDS},
+    **{f"optimizer.{k}": "tests/optim/test_logra_training.py::test_every_logra_field_changes_the_updates"
+       for k in LOW_RANK_FIELDS},
     **{f"critic.optimizer.{k}": "test_the_critic_trains_with_its_own_optimizer_section" for k in optimizer_defaults()},
     "onepo.teacher": "test_onepo_teacher_rows_join_guided_groups_only (a model teacher)",
     **{f"distill.{k}": "tests/train/test_distill_stage.py (each field against the teacher of every run)"
@@ -547,12 +551,22 @@ def test_every_optimizer_field_changes_the_updates():
   flips = {"name": ("sgd", {}), "lr": (3e-3, {}), "schedule": ("cosine", {}), "b1": (0.5, {}),
            "b2": (0.9, {}), "eps": (1.0, {}), "weight_decay": (0.1, {}), "clip_norm": (0.0, {}),
            "warmup_steps": (2, {}), "final_lr_frac": (0.5, {"schedule": "linear"})}
-  assert set(flips) == set(optimizer_defaults())
+  assert set(flips) == set(optimizer_defaults()) - set(LOW_RANK_FIELDS)
   with _fast_compile():
     constant, linear = updates(), updates(schedule="linear")
     for field, (value, context) in flips.items():
       base = linear if context else constant
       assert not np.allclose(base, updates(**context, **{field: value}), rtol=1e-6, atol=0), field
+
+
+def test_logra_with_predicted_kl_control_trains_the_rl_stage():
+  """`rl.optimizer.name='logra'` (sketched RowAdam on the projections) with `kl_target`: the RL update runs
+  through the sketch path, and each update, whose unscaled step predicts more KL on its batch than the
+  target, is scaled down (alpha^2 q = target exactly: tests/optim/test_logra_training.py)."""
+  run = one_iteration(**{"optimizer.name": "logra", "optimizer.logra_rank": 4, "optimizer.kl_target": 1e-5})
+  m = run.metrics
+  assert np.abs(run.delta).max() > 0 and m["skipped_updates"] == 0
+  assert 0 < m["kl/scale"] < 1 and m["kl/predicted"] > 1e-5      # (means over the 2 updates) scaled down
 
 
 def test_stage_passes_the_optimizer_section():
@@ -705,9 +719,9 @@ def test_stage_passes_replay_routing_to_the_scorer_and_the_step():
     seen = {}
 
     def spy_step(make):
-      def wrapped(model, tx, cfg, sampling, micro_batches=1, replay_routing=False):
+      def wrapped(model, tx, cfg, sampling, micro_batches=1, replay_routing=False, *rest):
         seen["step"] = replay_routing
-        return make(model, tx, cfg, sampling, micro_batches, replay_routing)
+        return make(model, tx, cfg, sampling, micro_batches, replay_routing, *rest)
       return wrapped
 
     def spy_scorer(make):
