@@ -239,6 +239,8 @@ def main(argv):
     from rlkit.train.config import ConfigError, validate_for_processes
     try:
       validate_for_processes(config, jax.process_count())
+      from rlkit.train.weight_sync import check_sampler_meshes
+      check_sampler_meshes(config, jax.devices())      # a sampler mesh (rl.sync.mesh) needs the devices
     except ConfigError as e:
       raise _Stop(str(e)) from None
     _write_config(config, _WORKDIR.value)

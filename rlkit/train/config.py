@@ -21,6 +21,7 @@ from rlkit.optim.optimizers import check as optimizer_check
 from rlkit.rollout.mismatch import mismatch_defaults
 from rlkit.train.distill import distill_defaults
 from rlkit.train.onepo import onepo_defaults
+from rlkit.train.weight_sync import sampler_sync_defaults
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -128,6 +129,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.overlong_factor = 1.0       # penalty at the full budget
   c.eval_every = 0              # evaluate every N iterations (0: only at the end of the stage)
   c.max_skipped_updates = 10    # stop after this many update steps in a row with a non-finite loss/grad (0: never)
+  c.sync = sampler_sync_defaults()   # the sampler's own weight copy and its sync (rlkit/train/weight_sync.py)
   c.optimizer = optimizer_defaults()
   return c
 

@@ -51,6 +51,7 @@ from rlkit.train.phases.update import ppo_updates
 from rlkit.train.rl_metrics import accuracy, failures, mismatch, policy_metrics
 from rlkit.train.stages import Stage, loop, register_stage
 from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step
+from rlkit.train import weight_sync
 
 
 def _total_updates(cfg) -> int:
@@ -127,6 +128,10 @@ class Learner:
     self.correction = CORRECTIONS.get(cfg.correction.name)
     engine = mismatch_from_config(cfg.rollout_mismatch)
     self.sampler_model, self.perturb = sampling_model(self.model, engine), engine.logits_hook(self.sampling)
+    # rl.sync: the sampler's own copy of the weights (its mesh and dtype), synced after every update phase
+    self.sync, self.sampler_copy = weight_sync.build(cfg.sync, state["train"].params, self.sampler_model,
+                                                     ctx.config.model.lora, engine.dtype)
+    self.sampler_model, self.collect = self.sync.model, weight_sync.on_sampler(self.sync, collect)
     self.critic = build_critic(ctx, cfg, model)
     self.augmenter = augmenter or build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
 
@@ -136,8 +141,8 @@ class Learner:
     parts, outputs, rounds = [], [], 0
     params = sampling_params(params, self.ctx.config.model.lora)    # LoRA: merged weights or the adapter path
     while True:
-      s = collect(self.sampler_model, params, batch, jax.random.fold_in(key, rounds), self.sampling,
-                  cfg.group_size, self.ctx.put_batch, first_group_id=rounds * prompts, perturb=self.perturb)
+      s = self.collect(self.sampler_model, params, batch, jax.random.fold_in(key, rounds), self.sampling,
+                       cfg.group_size, self.ctx.put_batch, first_group_id=rounds * prompts, perturb=self.perturb)
       parts.append(s), outputs.append(compute_rewards(self.reward_fn, s, self.ctx.tokenizer, cfg))
       rounds += 1
       selection = self.keep(concat_outputs(outputs).rewards, cfg.group_size, prompts)
@@ -176,7 +181,9 @@ class Learner:
   def iteration(self, state, batch, key, iterator, step):
     cfg = self.cfg
     t0 = time.perf_counter()
-    samples, rewards, first, rounds = self.sample(state["train"].params, batch, key, iterator)
+    samples, rewards, first, rounds = self.sample(weight_sync.sampling_source(self.sampler_copy,
+                                                                              state["train"].params),
+                                                  batch, key, iterator)
     lengths = host_rows(samples.rollout.lengths)            # the policy's rows, before any augmentation
     metrics = policy_metrics(rewards, lengths, cfg.group_size)
     samples, rewards = self.augmenter(samples, rewards, jax.random.fold_in(key, 5_000), step)
@@ -186,6 +193,8 @@ class Learner:
                                                 key)
     update_s = time.perf_counter() - t1
     metrics.update(learned)
+    self.sampler_copy, synced = weight_sync.update(self.sync, self.sampler_copy, state["train"].params)
+    metrics.update(synced)
     metrics.update(**accuracy(first), **failures(rewards.failures))
     gen_tokens, tokens, teacher = process_sum([lengths.sum(),
                                                host_rows(batch.attention_mask).sum(),
@@ -250,6 +259,7 @@ def validate(section, name: str) -> None:
   try:
     check_correction(section.correction, f"{name}.correction")
     mismatch_from_config(section.rollout_mismatch)
+    weight_sync.check(section.sync, f"{name}.sync", section.kind)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   choice(section.augment, AUGMENTERS, f"{name}.augment")

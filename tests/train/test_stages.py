@@ -165,7 +165,7 @@ class _NoCkpt:
 HOST_ONLY = ("kind", "steps", "prompts_per_step", "group_size", "reward", "advantage", "adv_eps", "filter",
              "correction", "rollout_mismatch", "gamma", "gae_lambda", "whiten_advantages", "critic",
              "max_sampling_rounds", "augment", "overlong_cache", "overlong_factor", "eval_every",
-             "max_skipped_updates", "ppo_epochs", "minibatches")
+             "max_skipped_updates", "ppo_epochs", "minibatches", "sync")
 # Fields of nested sections that no step reads either (the opd advantage's, computed before the step; the
 # cross-tokenizer mode only reaches the step through the divergence terms, which then read the aligned mask).
 HOST_ONLY_NESTED = {"distill": ("reward_weight", "reward_advantage", "cross_tokenizer")}
@@ -475,6 +475,9 @@ COVERED_ELSEWHERE = {
                                "and the same-tokenizer limit)",
     "correction.calibrated_sigma_decay": "tests/objectives/test_correction.py (the sigma update over three "
                                          "batches; its first update is the batch median whatever the decay)",
+    **{f"sync.{k}": "tests/train/test_weight_sync.py::test_every_sync_field_changes_the_sampler_copy (the "
+                    "sampler copy needs a mesh; the RL runs with sync on are in that file too)"
+       for k in ("kind", "dtype", "capacity_frac", "impl", "mesh.data", "mesh.fsdp", "mesh.tensor", "verify_dense")},
 }
 # Metrics a flip may change instead of the update (e.g. a reward scale, which group advantages normalise away).
 COMPARED = ("reward", "loss", "entropy", "kl", "sampling_rounds", "response_len", "mismatch/mean", "grad_norm",
