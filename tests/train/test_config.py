@@ -24,8 +24,8 @@ def test_presets_validate(preset):
   validate(_load("grpo_arith").get_config(preset))
 
 
-@pytest.mark.parametrize("name", ["baselines", "calif", "drm", "graft", "onepo", "opd_scale", "prorubric", "rquest",
-                                  "tips", "xtok_opd"])
+@pytest.mark.parametrize("name", ["baselines", "calif", "drm", "graft", "logra", "onepo", "opd_scale", "prorubric",
+                                  "rquest", "tips", "xtok_opd"])
 def test_experiment_presets_validate(name):
   """Every preset of the experiment configs validates, with the SFT checkpoints they start from left empty
   (the model then comes from its fields); given, the paths are checked by `_check_path`."""
