@@ -329,3 +329,12 @@ def test_with_lora_the_copy_is_what_the_sampler_runs(merged):
   assert jax.tree.structure(expected) == jax.tree.structure(copy.params)
   for a, b in zip(jax.tree.leaves(copy.params), jax.tree.leaves(expected)):
     np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+def test_logra_composes_with_sparse_sync():
+  """The optimizer `logra` (sketched gradients) under the sparse sync: its updates reach the bf16 copy bit-exactly
+  and committed at every iteration, as AdamW's do."""
+  r = run(**SPARSE, **{"optimizer.name": "logra", "optimizer.logra_rank": 4})
+  assert len(r.rows) == STEPS and np.abs(r.delta).max() > 0
+  for row in r.rows:
+    assert row["sync/bit_exact"] == 1.0 and row["sync/committed"] == 1.0 and row["sync/change_rate"] > 0, row
