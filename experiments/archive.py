@@ -9,7 +9,8 @@ For every finished workdir ROOT/<name> (experiments/driver.py `finished`): DEST/
 and DEST/<name>/metrics.jsonl with each row cut to the keys that equal one of `--keys` or start with one
 ending in "/" (rows left empty are dropped); ROOT/runs.jsonl's records of the archived workdirs go to
 DEST/runs.jsonl with their workdir moved under DEST. A summary run with `--root=DEST` then reads the archive
-as it would the workdirs. An unfinished workdir is skipped (a resumed run would otherwise be archived half);
+as it would the workdirs (give DEST relative to the repository root, as the summary command will: the wall
+records name the workdirs under DEST as given). An unfinished workdir is skipped (a resumed run would otherwise be archived half);
 a name already archived is left as it is.
 """
 import argparse
