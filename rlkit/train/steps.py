@@ -153,7 +153,9 @@ def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_
     loss, grads, metrics = _accumulate(loss_of, args, batch, micro_batches)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    first_mb = batch if micro_batches == 1 else jax.tree.map(lambda x: x[0], _split(batch, micro_batches))
+    # The probe's micro-batch enters the cond only when KL control reads it (an operand is not dead code).
+    first_mb = None if probe is None else (
+        batch if micro_batches == 1 else jax.tree.map(lambda x: x[0], _split(batch, micro_batches)))
     # lax.cond runs one branch: a skipped update costs no pass over the parameters.
     (count, trainable, opt_state), (info, kl_skipped) = jax.lax.cond(
         finite, functools.partial(apply, state.params), functools.partial(skip, state.params),
