@@ -1,6 +1,6 @@
 """Driver of experiments/logra: one SFT run (the base policy) per seed, then every arm from its checkpoint.
 
-  python experiments/logra/run.py --root=/tmp/logra                        # 3 seeds x 5 arms
+  python experiments/logra/run.py --root=/tmp/logra                        # 3 seeds x 6 arms
   python experiments/logra/run.py --root=DIR --seeds=0 --arms=adamw,logra_r16
   python experiments/logra/run.py --root=DIR --dry_run                     # print the commands only
   python experiments/logra/summarize.py --root=DIR                         # the tables and plot

@@ -18,11 +18,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.logra import ARMS  # noqa: E402
 from experiments.arm_tables import load_with_training, summarize  # noqa: E402
+from rlkit.train.metrics import read_metrics  # noqa: E402
 
 METRICS = {"accuracy": "eval/accuracy", "pass@4": "eval/pass@4", "train reward": "reward",
            "grad norm": "grad_norm"}
 MARGIN = 0.03          # accuracy points (as a fraction) within which an arm matches AdamW (README)
 MEMORY_NAMES = {"full_rank": "logra_full"}    # arm -> its configuration in benchmarks/memory.py
+KL_ARM = "logra_r16_kl"
+KL_BAND, KL_STEP_BAND = (0.9, 1.1), (0.8, 1.25)   # prediction 6: the median ratio, and its 5th-95th percentiles
 
 
 def verdict(diffs, margin: float = MARGIN) -> str:
@@ -34,6 +37,29 @@ def verdict(diffs, margin: float = MARGIN) -> str:
   word = "parity" if abs(mean) <= margin else ("below" if mean < 0 else "above")
   split = any(d > margin for d in diffs) and any(d < -margin for d in diffs)
   return word + (" (seeds split)" if split else "")
+
+
+def kl_prediction(path: str) -> dict:
+  """Per-step realised / predicted KL of a run under KL control (`kl/realised` / `kl/applied`, steps that
+  were applied): median, 5th and 95th percentiles, the share of steps scaled down and the steps skipped."""
+  rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "kl/applied" in r]
+  applied = [r for r in rows if r["kl/scale"] > 0 and r["kl/applied"] > 0]
+  ratio = np.array([r["kl/realised"] / r["kl/applied"] for r in applied])
+  if not len(ratio):
+    return {}
+  return {"steps": len(rows), "median": float(np.median(ratio)), "p5": float(np.percentile(ratio, 5)),
+          "p95": float(np.percentile(ratio, 95)), "scaled": float(np.mean([r["kl/scale"] < 1 for r in rows])),
+          "skipped": len(rows) - len(applied)}
+
+
+def kl_verdict(stats: list) -> str:
+  """Prediction 6: "supported" when in every seed the median ratio is in KL_BAND and the 5th-95th percentiles
+  in KL_STEP_BAND."""
+  if not stats:
+    return "-"
+  ok = all(KL_BAND[0] <= k["median"] <= KL_BAND[1] and KL_STEP_BAND[0] <= k["p5"] and k["p95"] <= KL_STEP_BAND[1]
+           for k in stats)
+  return "supported" if ok else "not supported"
 
 
 def main(argv=None) -> None:
@@ -67,6 +93,21 @@ def main(argv=None) -> None:
     mem = f"{m['total_vs_adamw']:.3f}, {m['live_vs_adamw']:.3f}" if m else "-"
     mean = f"{np.mean(diffs):+.3f}" if diffs else "-"
     print(f"| {arm} | " + " | ".join(cells) + f" | {mean} | {verdict(diffs) if arm != 'adamw' else '(peer)'} | {mem} |")
+  diffs = [final[KL_ARM][s] - final["logra_r16"][s] for s in seeds
+           if s in final.get(KL_ARM, {}) and s in final.get("logra_r16", {})]
+  print(f"\n{KL_ARM} minus logra_r16 (prediction 7): " +
+        (f"{', '.join(f'{d:+.3f}' for d in diffs)}; mean {np.mean(diffs):+.3f}: {verdict(diffs)}" if diffs else "-"))
+  print("\nKL-control prediction error, realised / predicted KL per applied step (prediction 6):\n")
+  print("| seed | steps | median | 5th pct | 95th pct | share scaled down | skipped |")
+  print("|---|---|---|---|---|---|---|")
+  stats = []
+  for s in seeds:
+    k = kl_prediction(os.path.join(args.root, f"{KL_ARM}_s{s}"))
+    if k:
+      stats.append(k)
+      print(f"| {s} | {k['steps']} | {k['median']:.3f} | {k['p5']:.3f} | {k['p95']:.3f} | {k['scaled']:.2f} | "
+            f"{k['skipped']} |")
+  print(f"\nverdict: {kl_verdict(stats)} (median in {KL_BAND}, 5th-95th percentiles in {KL_STEP_BAND}, every seed)")
 
 
 if __name__ == "__main__":

@@ -290,6 +290,15 @@ def softmax_fisher_quadratic(logits_fn: Callable[[Any], jax.Array], params, delt
   return 0.5 * jnp.mean(jnp.sum(p * jnp.square(centred), axis=-1), where=where)
 
 
+def softmax_kl(logits_p: jax.Array, logits_q: jax.Array, *, temperature=1.0,
+               where: Optional[jax.Array] = None) -> jax.Array:
+  """KL(softmax(z_p/T) ‖ softmax(z_q/T)), the mean over probe tokens (`where`, default all) of the exact
+  divergence: the realised KL of a step whose predicted value `softmax_fisher_quadratic` gives."""
+  lp = jax.nn.log_softmax(logits_p.astype(jnp.float32) / temperature, axis=-1)
+  lq = jax.nn.log_softmax(logits_q.astype(jnp.float32) / temperature, axis=-1)
+  return jnp.mean(jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1), where=where)
+
+
 class PredictedKLState(NamedTuple):
   """State of `predicted_kl_control`."""
   inner_state: optax.OptState   # the wrapped optimizer's state (unchanged by a skipped step)

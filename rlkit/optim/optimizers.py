@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -131,11 +132,13 @@ def current_lr(opt_state: Any) -> Any:
 
 
 def update_info(opt_state: Any) -> tuple[dict, Any]:
-  """({"lr", with KL control "kl/predicted", "kl/scale"}: values after an update, whether the KL control
-  skipped it (False without one))."""
+  """({"lr", with KL control "kl/predicted" (q of the unscaled step), "kl/scale" (α) and "kl/applied" (α²·q,
+  the KL predicted for the step applied)}: values after an update, whether the KL control skipped it (False
+  without one))."""
   lr = current_lr(opt_state)
   info = {} if lr is None else {"lr": lr}
   kl = _find(opt_state, lambda s: isinstance(s, PredictedKLState))
   if kl is None:
     return info, False
-  return dict(info, **{"kl/predicted": kl.predicted_kl, "kl/scale": kl.scale}), kl.scale == 0
+  return dict(info, **{"kl/predicted": kl.predicted_kl, "kl/scale": kl.scale,
+                       "kl/applied": jnp.square(kl.scale) * kl.predicted_kl}), kl.scale == 0

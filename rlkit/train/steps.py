@@ -34,7 +34,7 @@ from rlkit.core.types import Metric, TrainBatch
 from rlkit.models.transformer import Transformer
 from rlkit.objectives import aggregate, token_logprobs
 from rlkit.objectives.loss_terms import LOSS_TERMS, scaled_entropy, token_mean
-from rlkit.optim.logra import softmax_fisher_quadratic
+from rlkit.optim.logra import softmax_fisher_quadratic, softmax_kl
 from rlkit.optim.optimizers import update_info
 from rlkit.optim.trainable import DENSE, GradientPath
 from rlkit.rollout.sampler import SamplingConfig
@@ -120,7 +120,9 @@ def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_
     LoRA adapters and LoGRA sketches).
   :param probe: the policy's logits and token mask on a micro-batch, for an optimizer with predicted-KL
     control (`optimizer.kl_target`): its `kl_probe` is the softmax Fisher quadratic of the update on the
-    first micro-batch's tokens, i.e. the batch being trained on (no separate probe set).
+    first micro-batch's tokens, i.e. the batch being trained on (no separate probe set). The step then also
+    logs `kl/realised`, the exact KL between the policy before and after the update on those tokens, beside
+    the prediction for the applied step `kl/applied` (= kl/scale² · kl/predicted).
   """
   tx = optax.with_extra_args_support(tx)
 
@@ -136,12 +138,18 @@ def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_
     updates, opt_state = tx.update(grads, opt_state, trainable, **extra)
     info, kl_skipped = update_info(opt_state)
     kl_skipped = jnp.asarray(kl_skipped)
-    carry = (step + 1 - kl_skipped.astype(jnp.int32), optax.apply_updates(trainable, updates), opt_state)
+    new_trainable = optax.apply_updates(trainable, updates)
+    if probe is not None:
+      # What the prediction (kl/applied) is judged against: two more forwards of the probe micro-batch.
+      info["kl/realised"] = softmax_kl(logits_fn(trainable), logits_fn(new_trainable), where=probe.mask(first_mb))
+    carry = (step + 1 - kl_skipped.astype(jnp.int32), new_trainable, opt_state)
     return carry, ({k: Metric(v) for k, v in info.items()}, kl_skipped)
 
   def skip(params, carry, grads, first_mb):
     del params, grads, first_mb
     info, _ = update_info(carry[2])
+    if probe is not None:
+      info["kl/realised"] = jnp.zeros([], jnp.float32)
     return carry, ({k: Metric(v) for k, v in info.items()}, jnp.asarray(False))
 
   @functools.partial(jax.jit, donate_argnums=0)

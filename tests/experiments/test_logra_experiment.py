@@ -66,3 +66,16 @@ def test_driver_dry_run_prints_one_sft_and_every_arm_from_it(tmp_path, capsys):
   assert "configs/logra.py:sft" in lines[0] and f"--workdir={tmp_path}/sft_s0" in lines[0]
   for line, arm in zip(lines[1:], L.ARMS):
     assert f"configs/logra.py:{arm} " in line and f"--config.model.path={tmp_path}/sft_s0" in line
+
+
+def test_kl_prediction_error_and_its_verdict(tmp_path):
+  """Per-step realised / applied KL over the applied steps (a skipped step, scale 0, is counted apart)."""
+  import json
+  rows = [{"step": i, "kl/scale": s, "kl/applied": a, "kl/realised": r}
+          for i, (s, a, r) in enumerate([(1.0, 1e-3, 1.0e-3), (0.5, 2e-3, 2.2e-3), (0.0, 0.0, 0.0), (1.0, 1e-3, 0.9e-3)])]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  k = summarize.kl_prediction(str(tmp_path))
+  assert k["steps"] == 4 and k["skipped"] == 1 and abs(k["median"] - 1.0) < 1e-9 and abs(k["scaled"] - 0.5) < 1e-9
+  assert summarize.kl_verdict([k]) == "supported"
+  assert summarize.kl_verdict([k, dict(k, median=1.2)]) == "not supported"
+  assert summarize.kl_verdict([dict(k, p95=1.3)]) == "not supported" and summarize.kl_verdict([]) == "-"

@@ -570,6 +570,7 @@ def test_logra_with_predicted_kl_control_trains_the_rl_stage():
   m = run.metrics
   assert np.abs(run.delta).max() > 0 and m["skipped_updates"] == 0
   assert 0 < m["kl/scale"] < 1 and m["kl/predicted"] > 1e-5      # (means over the 2 updates) scaled down
+  assert 0.5e-5 < m["kl/realised"] < 2e-5                          # the realised KL is near the target
 
 
 def test_stage_passes_the_optimizer_section():
