@@ -143,6 +143,17 @@ def _sync_dtype(dtype, target: str):
   return jnp.dtype(target) if target and jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(dtype)
 
 
+def placed_by_arguments(fn):
+  """Runs `fn` without the caller's context mesh (`jax.set_mesh`), restored afterwards. A sync works on two
+  meshes, each array where its sharding puts it and each shard_map on its own mesh; JAX refuses both under a
+  context mesh other than theirs (the trainer's, as a train loop runs). Every public entry point is wrapped."""
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with jax.set_mesh(None):
+      return fn(*args, **kwargs)
+  return wrapped
+
+
 @functools.partial(jax.jit, static_argnames="dtype")
 def export_params(train_params: Any, dtype: str) -> Any:
   """The sampler's view of the train params: floating leaves cast to `dtype` (RNE), on the train shardings."""
@@ -234,6 +245,7 @@ def _targets(treedef, sampler_params, exports: list) -> list:
   return targets
 
 
+@placed_by_arguments
 def prepare(train_params: Any, state: SyncState, sampler_params: Any, cfg) -> tuple[Payload, SyncState]:
   """The sender's phase: (payload for `receive`, pending state for `commit`). See the module docstring."""
   cfg = sync_config(cfg)
@@ -252,6 +264,7 @@ def prepare(train_params: Any, state: SyncState, sampler_params: Any, cfg) -> tu
   return Payload(treedef, tuple(leaves), stats), pending
 
 
+@placed_by_arguments
 def receive(payload: Payload, sampler_params: Any, cfg) -> tuple[Any, tuple[bool, ...], dict]:
   """The receiver's phase: (new sampler params, one ack per leaf: its checksum matched on every replica,
   stats). Tensors are overwritten where the payload says; nothing is rolled back on a failed ack."""
@@ -282,12 +295,14 @@ def receive(payload: Payload, sampler_params: Any, cfg) -> tuple[Any, tuple[bool
   return jax.tree.unflatten(payload.treedef, out), acks, stats
 
 
+@placed_by_arguments
 def commit(state: SyncState, pending: SyncState, acks) -> tuple[SyncState, bool]:
   """(pending if every tensor acked, else state unchanged; whether it committed). The trainer's phase 2."""
   ok = all(bool(a) for a in acks)
   return (pending if ok else state), ok
 
 
+@placed_by_arguments
 def resync(train_params: Any, sampler_shardings: Any, cfg,
            state: Optional[SyncState] = None) -> tuple[Any, SyncState, dict]:
   """The dense path: (sampler params = export on `sampler_shardings` (a tree of shardings), a state whose
@@ -312,6 +327,7 @@ def resync(train_params: Any, sampler_shardings: Any, cfg,
   return jax.tree.unflatten(treedef, out), new_state, stats
 
 
+@placed_by_arguments
 def sync_params(train_params: Any, state: SyncState, sampler_params: Any, cfg) -> tuple[Any, SyncState, dict]:
   """One whole sync: prepare, receive, commit; if a tensor failed to verify, a resync (stats['resynced']).
   Returns (sampler params, state, stats). The sampler params passed in are superseded (not modified)."""

@@ -47,7 +47,8 @@ from rlkit.models.lora import sampling_params
 from rlkit.models.transformer import Transformer
 from rlkit.parallel.mesh import AXES, make_mesh
 from rlkit.parallel.rules import param_shardings, shard_batch
-from rlkit.sync import SYNC_BACKENDS, SyncConfig, SyncState, export_params, resync, sync_config, sync_defaults
+from rlkit.sync import (SYNC_BACKENDS, SyncConfig, SyncState, export_params, placed_by_arguments, resync, sync_config,
+                        sync_defaults)
 from rlkit.sync import sync_params
 
 SYNCED_STAGES = ("rl", "distill")      # stage kinds that sample from the copy (the others read the master)
@@ -171,10 +172,7 @@ def build(section, train_params, model, lora, compute_dtype: str = "",
     shardings = jax.tree.map(lambda x: x.sharding, source)
   else:
     shardings = param_shardings(jax.eval_shape(lambda p: export_params(p, cfg.dtype), source), mesh)
-  # rlkit.sync's shard_maps name their own meshes; the context mesh run.py sets (the train mesh) would make
-  # JAX refuse those on the sampler's mesh, so the library runs without one.
-  with jax.set_mesh(None):
-    params, state, _ = resync(source, shardings, cfg)
+  params, state, _ = resync(source, shardings, cfg)
   return (SamplerSync(cfg, bool(section.verify_dense), sampler_module(model, cfg.dtype, compute_dtype),
                       shardings, mesh, view), SamplerCopy(params, state))
 
@@ -202,6 +200,7 @@ def on_sampler(sync: SamplerSync, collect_fn: Callable) -> Callable:
   return collect_there
 
 
+@placed_by_arguments                        # the copy lives on the sampler's mesh, not the context one
 def bits_equal(a: Any, b: Any) -> bool:
   """Whether two trees of arrays (same structure and shardings) hold the same bits in every leaf."""
   same = [(bits_view(x) == bits_view(y)).all() for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
@@ -213,13 +212,12 @@ def update(sync: SamplerSync, copy: Optional[SamplerCopy], train_params) -> tupl
   if copy is None:
     return None, {}
   source = sync.view(train_params)
-  with jax.set_mesh(None):                  # as in `build`: no context mesh for rlkit.sync
-    params, state, stats = sync_params(source, copy.state, copy.params, sync.cfg)
-    metrics = {f"sync/{k}": float(stats[k]) for k in LOGGED if k in stats}
-    if sync.verify_dense:
-      t0 = time.perf_counter()
-      dense = jax.block_until_ready(jax.tree.map(jax.device_put, export_params(source, sync.cfg.dtype),
-                                                 sync.shardings))
-      metrics["sync/dense_s"] = time.perf_counter() - t0
-      metrics["sync/bit_exact"] = float(bits_equal(params, dense))
+  params, state, stats = sync_params(source, copy.state, copy.params, sync.cfg)
+  metrics = {f"sync/{k}": float(stats[k]) for k in LOGGED if k in stats}
+  if sync.verify_dense:
+    t0 = time.perf_counter()
+    dense = jax.block_until_ready(jax.tree.map(jax.device_put, export_params(source, sync.cfg.dtype),
+                                               sync.shardings))
+    metrics["sync/dense_s"] = time.perf_counter() - t0
+    metrics["sync/bit_exact"] = float(bits_equal(params, dense))
   return SamplerCopy(params, state), metrics

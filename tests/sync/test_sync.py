@@ -352,3 +352,22 @@ def test_sampler_dtype_is_the_configured_one(meshes):
   np.testing.assert_array_equal(np.asarray(sampler["w"]), np.asarray(params["w"]))
   with pytest.raises(ValueError, match=r"Sampler param \['b'\] is float32\[36\].*exports bfloat16\[36\]"):
     sync.prepare(params, sync.SyncState(None, jnp.int32(0)), sampler, sync.SyncConfig(kind="dense"))
+
+
+@pytest.mark.parametrize("context", ["train", "sampler"])
+def test_a_context_mesh_does_not_change_the_sync(meshes, context):
+  """Under a context mesh (`jax.set_mesh`: the train mesh, as the trainer runs, or the sampler's), every
+  public step works on both meshes and gives the same bits as without one; the context is left as it was."""
+  params = _train_params(meshes["train"])
+  shardings = _shardings(meshes["sampler"], "sampler")
+  step1, step2 = _adam_steps(params, 2, lr=1e-6)
+  with jax.set_mesh(meshes[context]):
+    sampler, state, _ = sync.resync(params, shardings, SPARSE)
+    payload, pending = sync.prepare(step1, state, sampler, SPARSE)
+    sampler, acks, _ = sync.receive(payload, sampler, SPARSE)
+    state, committed = sync.commit(state, pending, acks)
+    sampler, state, stats = sync.sync_params(step2, state, sampler, SPARSE)
+    assert jax.sharding.get_abstract_mesh() == meshes[context].abstract_mesh
+  params = step2
+  assert committed and stats["committed"] == 1.0 and stats["entries"] > 0
+  _assert_equals_dense_reshard(sampler, params)
