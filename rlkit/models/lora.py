@@ -13,8 +13,9 @@ B [r, out] (and optionally a scalar `<name>_lora_scale` s, default 1), the trans
   decoder's params, e.g. a value head), and the update step differentiates those only, so the base gets
   neither optimizer state nor a gradient buffer. `merge` folds W + s·A·B back into the kernels (export to
   Hugging Face, merged sampling); both paths give the same logits up to float rounding.
-- LoGRA (rlkit/optim/logra_training.py): A = 0 is the sketch, B = Pᵀ the step's projection: the gradient
-  w.r.t. A is the sketch G·P of the kernel's gradient, whose dense [in, out] buffer is never formed.
+- LoGRA (rlkit/optim/logra_training.py): under its own names (`<name>_sketch_a`, `<name>_sketch_p`), A = 0 is
+  the sketch, B = Pᵀ the step's projection: the gradient w.r.t. A is the sketch G·P of the kernel's gradient,
+  whose dense [in, out] buffer is never formed; as A is zero the forward adds nothing (a custom VJP).
 
 Why not qwix (Tunix's LoRA, checked at 0.1.8): it intercepts `jnp.einsum`/`dot_general` inside Linen methods
 and matches rules by module path. rlkit's weight matmuls run inside a `jax.custom_vjp` (`models/matmul.py`,
@@ -25,6 +26,7 @@ where weights meet activations (one line in `_proj`), and serves LoGRA as well.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping
 
@@ -34,6 +36,7 @@ import ml_collections
 
 A, B, SCALE = "_lora_a", "_lora_b", "_lora_scale"
 SUFFIXES = (A, B, SCALE)
+SKETCH_A, SKETCH_P = "_sketch_a", "_sketch_p"     # LoGRA's zero sketch and its projection (rlkit/optim/logra_training.py)
 # (module, kernel) -> how many leading axes of the kernel are its inputs (the 2-D view [in, out]).
 VIEWS = {("attn", "qkv"): 1, ("attn", "o"): 3, ("mlp", "gate_up"): 1, ("mlp", "down"): 1}
 TARGETS = tuple(name for _, name in VIEWS)
@@ -66,9 +69,40 @@ def view_shape(module: str, name: str, shape: tuple) -> tuple[int, int]:
   return math.prod(shape[:axes]), math.prod(shape[axes:])
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _zero_sketch_term(y, x, a, p, dtype):
+  """y + (x·A)·P for a sketch A known to be zero (LoGRA): the value is y, so the forward computes nothing (the
+  autodiff of the general term keeps an output-sized float32 buffer per projection); the backward gives A its
+  gradient xᵀ·(dy·Pᵀ), the sketch, and y its cotangent unchanged. x and P get zero cotangents: P is not
+  trained, and x's would be (dy·Pᵀ)·Aᵀ = 0."""
+  del x, a, p, dtype
+  return y
+
+
+def _zero_sketch_fwd(y, x, a, p, dtype):
+  return y, (x, a, p)
+
+
+def _zero_sketch_bwd(dtype, res, dy):
+  x, a, p = res
+  lead = x.shape[:-1]
+  g = jnp.einsum("...o,ro->...r", dy.reshape(lead + (p.shape[1],)).astype(dtype), p.astype(dtype),
+                 preferred_element_type=jnp.float32)
+  da = jnp.einsum("...i,...r->ir", x.astype(dtype), g.astype(dtype), preferred_element_type=jnp.float32)
+  return dy, jnp.zeros_like(x), da.astype(a.dtype), jnp.zeros_like(p)
+
+
+_zero_sketch_term.defvjp(_zero_sketch_fwd, _zero_sketch_bwd)
+
+
 def low_rank_term(module, name: str, x: jax.Array, y: jax.Array, dtype) -> jax.Array:
   """`y` plus s·(x·A)·B when the module's params carry the adapters of `name` (else `y` unchanged).
-  x [..., in] are the projection's inputs, y its output (any shape with out = prod of its feature axes)."""
+  x [..., in] are the projection's inputs, y its output (any shape with out = prod of its feature axes).
+  LoGRA's zero sketch (`<name>_sketch_a` A = 0, `<name>_sketch_p` P) adds nothing and only makes the backward
+  pass compute ∂L/∂A (`_zero_sketch_term`)."""
+  if module.has_variable("params", name + SKETCH_A):
+    return _zero_sketch_term(y, x, module.get_variable("params", name + SKETCH_A),
+                             module.get_variable("params", name + SKETCH_P), dtype)
   if not module.has_variable("params", name + A):
     return y
   a, b = module.get_variable("params", name + A), module.get_variable("params", name + B)

@@ -7,7 +7,8 @@ input axes merged, e.g. qkv [D, KV, G+2, hd] -> [D, KV·(G+2)·hd]); the optimiz
 
 Model side (`logra_path`, a `GradientPath`): the step differentiates zero sketches A [in, r] in place of the
 selected kernels, and the model applies the kernel (closed over: no gradient buffer) plus the zero-valued
-term (x·A)·Pᵀ (`rlkit.models.lora.low_rank_term`), so ∂L/∂A = G·P, the sketch, without the dense G.
+term (x·A)·Pᵀ (`rlkit.models.lora.low_rank_term`: its forward computes nothing, its backward xᵀ·(dy·P)), so
+∂L/∂A = G·P, the sketch, without the dense G.
 P [out, r] comes from `layer_projections` at the LoGRA count in the optimizer state: regenerated from
 `logra_seed`, the weight's path and the count, never stored, so a checkpoint holds only the count and
 RowAdam's row moments, and a resumed run draws the same projections.
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlkit.models.lora import A, B, VIEWS, view_shape
+from rlkit.models.lora import SKETCH_A, SKETCH_P, VIEWS, view_shape
 from rlkit.optim.logra import layer_projections, logra, logra_count
 from rlkit.optim.trainable import GradientPath
 
@@ -86,7 +87,7 @@ def logra_path(cfg) -> GradientPath:
         if isinstance(v, dict):
           out[k] = build(v, p[k], proj[k], k)
         elif (module, k) in VIEWS and k in targets:
-          out[k], out[k + A], out[k + B] = p[k], v, proj[k].T
+          out[k], out[k + SKETCH_A], out[k + SKETCH_P] = p[k], v, proj[k].T
         else:
           out[k] = v
       return out
