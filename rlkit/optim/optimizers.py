@@ -131,6 +131,12 @@ def current_lr(opt_state: Any) -> Any:
   return None if s is None else s.hyperparams["learning_rate"]
 
 
+def controls_kl(opt_state: Any) -> bool:
+  """Whether the optimizer behind `opt_state` has predicted-KL control (`kl_target > 0`): static, read from
+  the state's structure (so a jitted step can decide what to compute from it)."""
+  return _find(opt_state, lambda s: isinstance(s, PredictedKLState)) is not None
+
+
 def update_info(opt_state: Any) -> tuple[dict, Any]:
   """({"lr", with KL control "kl/predicted" (q of the unscaled step), "kl/scale" (α) and "kl/applied" (α²·q,
   the KL predicted for the step applied)}: values after an update, whether the KL control skipped it (False

@@ -35,7 +35,7 @@ from rlkit.models.transformer import Transformer
 from rlkit.objectives import aggregate, token_logprobs
 from rlkit.objectives.loss_terms import LOSS_TERMS, scaled_entropy, token_mean
 from rlkit.optim.logra import softmax_fisher_quadratic, softmax_kl
-from rlkit.optim.optimizers import update_info
+from rlkit.optim.optimizers import controls_kl, update_info
 from rlkit.optim.trainable import DENSE, GradientPath
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import processed_token_logprobs, response_forward
@@ -118,17 +118,18 @@ def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_
     full batch's counts, which the step adds to `step_inputs` from `counts(batch)`.
   :param path: what is differentiated and what the optimizer updates (`rlkit.optim.optimizers.gradient_path`;
     LoRA adapters and LoGRA sketches).
-  :param probe: the policy's logits and token mask on a micro-batch, for an optimizer with predicted-KL
-    control (`optimizer.kl_target`): its `kl_probe` is the softmax Fisher quadratic of the update on the
-    first micro-batch's tokens, i.e. the batch being trained on (no separate probe set). The step then also
-    logs `kl/realised`, the exact KL between the policy before and after the update on those tokens, beside
-    the prediction for the applied step `kl/applied` (= kl/scale² · kl/predicted).
+  :param probe: the policy's logits and token mask on a micro-batch, used when the optimizer has predicted-KL
+    control (`optimizer.kl_target`; otherwise none of it is computed): its `kl_probe` is the softmax Fisher
+    quadratic of the update on the first micro-batch's tokens, i.e. the batch being trained on (no separate
+    probe set). The step then also logs `kl/realised`, the exact KL between the policy before and after the
+    update on those tokens, beside the prediction for the applied step `kl/applied` (= kl/scale² ·
+    kl/predicted).
   """
   tx = optax.with_extra_args_support(tx)
 
   # The branches see the trainable part only: frozen weights (LoRA's base) passed through a lax.cond come
   # out as copies (the LoRA step held one more base-sized buffer).
-  def apply(params, carry, grads, first_mb):
+  def apply(probe, params, carry, grads, first_mb):
     step, trainable, opt_state = carry
     extra = {}
     if probe is not None:
@@ -145,7 +146,7 @@ def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_
     carry = (step + 1 - kl_skipped.astype(jnp.int32), new_trainable, opt_state)
     return carry, ({k: Metric(v) for k, v in info.items()}, kl_skipped)
 
-  def skip(params, carry, grads, first_mb):
+  def skip(probe, params, carry, grads, first_mb):
     del params, grads, first_mb
     info, _ = update_info(carry[2])
     if probe is not None:
@@ -161,12 +162,14 @@ def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_
     loss, grads, metrics = _accumulate(loss_of, args, batch, micro_batches)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    # The probe's micro-batch enters the cond only when KL control reads it (an operand is not dead code).
-    first_mb = None if probe is None else (
+    # The probe is used only under KL control, and its micro-batch enters the cond only then (an operand is
+    # not dead code).
+    kl_probe = probe if probe is not None and controls_kl(state.opt_state) else None
+    first_mb = None if kl_probe is None else (
         batch if micro_batches == 1 else jax.tree.map(lambda x: x[0], _split(batch, micro_batches)))
     # lax.cond runs one branch: a skipped update costs no pass over the parameters.
     (count, trainable, opt_state), (info, kl_skipped) = jax.lax.cond(
-        finite, functools.partial(apply, state.params), functools.partial(skip, state.params),
+        finite, functools.partial(apply, kl_probe, state.params), functools.partial(skip, kl_probe, state.params),
         (state.step, trainable, state.opt_state), grads, first_mb)
     state = TrainState(count, path.with_trainable(state.params, trainable), opt_state)
     skipped = jnp.logical_not(finite) | kl_skipped
