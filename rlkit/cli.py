@@ -175,7 +175,8 @@ def _reset_kwargs_of_a_renamed_task(config, argv) -> None:
 
 def _checked(config):
   """The validated config, with derived length limits; raises _Stop."""
-  from rlkit.train.config import ConfigError, validate
+  from rlkit.train.config import ConfigError
+  from rlkit.train.config_checks import validate
   from rlkit.train.lengths import resolve_lengths
   from rlkit.train.models import run_tokenizer
   from rlkit.train.stages import stage_needs
@@ -236,7 +237,8 @@ def main(argv):
     set_cpu_devices(config.mesh.cpu_devices)
     maybe_initialize_distributed()
     import jax
-    from rlkit.train.config import ConfigError, validate_for_processes
+    from rlkit.train.config import ConfigError
+    from rlkit.train.config_checks import validate_for_processes
     try:
       validate_for_processes(config, jax.process_count())
       from rlkit.train.weight_sync import check_sampler_meshes

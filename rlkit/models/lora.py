@@ -53,7 +53,7 @@ def lora_defaults() -> ml_collections.ConfigDict:
 
 
 def check(section, where: str) -> None:
-  """ValueError naming the key and the fix for a bad `lora` section (types are checked by config.validate)."""
+  """ValueError naming the key and the fix for a bad `lora` section (types are checked by config_checks.validate)."""
   if section.rank < 0:
     raise ValueError(f"{where}.rank={section.rank} must be >= 0 (0 turns LoRA off).")
   if section.alpha <= 0:

@@ -231,10 +231,10 @@ def _run(ctx, cfg, state, start: int, meta: dict):
 
 
 def validate(section, name: str) -> None:
-  """Range checks of an RL section (types and unknown keys are checked by `config.validate`)."""
+  """Range checks of an RL section (types and unknown keys are checked by `config_checks.validate`)."""
   from rlkit.objectives import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
   from rlkit.objectives.loss_terms import LOSS_TERMS, SFT_ONLY_TERMS, policy_loss_error
-  from rlkit.train.config import check_optimizer, choice
+  from rlkit.train.config_checks import check_optimizer, choice
   from rlkit.train.phases.advantages import all_estimators
 
   def need(ok: bool, key: str, rule: str) -> None:

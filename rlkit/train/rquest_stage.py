@@ -266,7 +266,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
 def validate(section, name: str) -> None:
   rl_stage.validate(section, name)
   r = section.rquest
-  from rlkit.train.config import choice
+  from rlkit.train.config_checks import choice
   from rlkit.train.phases.advantages import TOKEN_ESTIMATORS
   choice(r.reward, rq.PROPOSER_REWARDS, f"{name}.rquest.reward")
   if r.level not in checker.LEVELS or r.labels not in LABELS:

@@ -78,7 +78,7 @@ def _mesh_sizes(section) -> dict:
 
 
 def check(section, where: str, stage_kind: str) -> None:
-  """ValueError naming the key and the fix for a bad `sync` section (types are checked by config.validate);
+  """ValueError naming the key and the fix for a bad `sync` section (types are checked by config_checks.validate);
   reads no device."""
   if section.kind and section.kind not in SYNC_BACKENDS:
     raise ValueError(f"{where}.kind={section.kind!r} is not a sync backend; choose '' (off: the sampler reads "

@@ -9,7 +9,7 @@ from experiments.logra import run, summarize
 from rlkit.models import lora
 from rlkit.models.transformer import Transformer
 from rlkit.optim.optimizers import gradient_path, make_optimizer
-from rlkit.train.config import validate
+from rlkit.train.config_checks import validate
 from rlkit.train.models import tokenizer_from_spec, transformer_config
 from rlkit.train.steps import init_train_state
 

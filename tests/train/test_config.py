@@ -7,7 +7,8 @@ import inspect
 import ml_collections
 import pytest
 
-from rlkit.train.config import ConfigError, base_config, rl_defaults, validate
+from rlkit.train.config import ConfigError, base_config, rl_defaults
+from rlkit.train.config_checks import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -131,7 +132,7 @@ def test_a_role_tokenizer_mistake_is_named(kind, path, needle):
 
 
 def test_validate_for_processes_names_the_batch_that_does_not_split():
-  from rlkit.train.config import validate_for_processes
+  from rlkit.train.config_checks import validate_for_processes
   c = _config()
   validate_for_processes(c, 1)
   validate_for_processes(c, 2)
@@ -158,7 +159,7 @@ def test_validation_does_not_start_the_xla_backend():
   validation (policy losses are checked by tracing them) must not initialise a backend."""
   import subprocess
   import sys
-  code = ("import jax; from jax._src import xla_bridge as xb; from rlkit.train.config import validate; "
+  code = ("import jax; from jax._src import xla_bridge as xb; from rlkit.train.config_checks import validate; "
           "from configs.grpo_arith import get_config; c = get_config('test'); c.rl.policy_loss = 'cispo'; "
           "validate(c); assert not xb._backends, 'validation initialised a backend'; print('ok')")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

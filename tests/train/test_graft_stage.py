@@ -125,6 +125,6 @@ def test_graft_config_errors():
   config = base_config()
   config.stages = ("graft",)
   config.graft = _cfg()
-  from rlkit.train.config import validate
+  from rlkit.train.config_checks import validate
   with pytest.raises(ConfigError, match="config.models.peer with trainable=True"):
     validate(config)

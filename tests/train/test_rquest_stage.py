@@ -18,7 +18,8 @@ from rlkit.models.transformer import init_params
 from rlkit.rewards import rquest as rq
 from rlkit.train import checkpoint as ckpt
 from rlkit.train import rl_stage, rquest_stage
-from rlkit.train.config import ConfigError, base_config, validate
+from rlkit.train.config import ConfigError, base_config
+from rlkit.train.config_checks import validate
 from rlkit.train.models import Model
 from rlkit.train.stages import STAGES, Context
 import test_stages as ts   # the RL stage's test components (pytest's rootdir import: the same module object)
