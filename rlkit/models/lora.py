@@ -6,7 +6,7 @@ tokens' features x [.., in] by its kernel seen as a 2-D matrix W [in, out] (`VIE
 [D, 2·F], down [F, D]). When the module's params also hold `<name>_lora_a` A [in, r] and `<name>_lora_b`
 B [r, out] (and optionally a scalar `<name>_lora_scale` s, default 1), the transformer adds
 
-  y = x·W + s·(x·A)·B        (`low_rank_term`, called from `transformer._proj`)
+  y = x·W + s·(x·A)·B        (`low_rank_term`, called from `layers.project`)
 
 - LoRA (Hu et al. 2021): A, B trained, s = alpha / r, B = 0 at the start (so the model starts as the base
   model); the base weights are frozen: `trainable_mask` selects the adapters (and every leaf outside a

@@ -14,7 +14,8 @@ heads, then k, then v) and the SwiGLU gate/up are one kernel `[D, 2, F]`, so eac
 step (decode on CPU is dominated by per-op overhead and small matmuls), and tensor parallelism shards the
 KV-head / F axes without splitting a head. Matmuls take `preferred_element_type=float32`, which is what makes
 bf16 fast on CPUs with AMX and accurate everywhere. The weight matmuls (`rlkit.models.matmul`) and `swiglu`
-have hand-written backward passes that save XLA:CPU full-size copies in the train step.
+(`rlkit.models.layers`, with the other building blocks) have hand-written backward passes that save XLA:CPU
+full-size copies in the train step.
 
 Positions are explicit: with left-padded prompts, `positions = cumsum(mask) - 1`, so padded and unpadded
 prompts give the same logits on real tokens. `Transformer.__call__(tokens)` returns logits `[B, T, V]`;
@@ -23,7 +24,6 @@ prompts give the same logits on real tokens. `Transformer.__call__(tokens)` retu
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -33,22 +33,12 @@ import jax.numpy as jnp
 
 from rlkit.models.attention import attend, causal_blocks, masked_probs, merge_blocks, query_blocks
 from rlkit.models.decode_layout import NK, dot_nk
-from rlkit.models.lora import low_rank_term
+from rlkit.models.layers import (NormScale, RMSNorm, as_dtype, init_weight, positions_from_mask,  # noqa: F401
+                                 project, rope, rope_tables, swiglu)
 from rlkit.models.matmul import weight_matmul
 from rlkit.parallel.rules import constrain_batch
 
 Array = jax.Array
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-def as_dtype(name_or_dtype: Any) -> Any:
-  if isinstance(name_or_dtype, str):
-    if name_or_dtype not in _DTYPES:
-      raise ValueError(f"Unknown dtype {name_or_dtype!r}; use one of {sorted(_DTYPES)}.")
-    return _DTYPES[name_or_dtype]
-  return name_or_dtype
-
 
 ATTENTION_IMPLS = ("xla", "cpu_kernel")
 
@@ -141,96 +131,6 @@ class ModelOutput:
   routed_experts: Optional[Array] = None   # [B, T, L_moe, k] int32 (MoE only)
 
 
-def positions_from_mask(mask: Array) -> Array:
-  """Position ids for left-padded rows: real tokens count 0, 1, 2, ...; pads get 0."""
-  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
-
-
-def _dot(eq: str, x: Array, w: Array, dtype) -> Array:
-  """Matmul in the compute dtype with float32 accumulation, result in the compute dtype."""
-  return weight_matmul(eq, x.astype(dtype), w.astype(dtype)).astype(dtype)
-
-
-# Decode layout (rlkit/models/decode_layout.py): `_proj` reads a weight's features-major copy when the
-# params carry one.
-def _proj(module: nn.Module, name: str, eq: str, eq_nk: str, x: Array, w: Array, dtype) -> Array:
-  """`x` times weight `name` (`w`, contracted by `eq`), or, when the params hold its features-major copy
-  (`decode_params`), that copy times `x` by `eq_nk` (weight first)."""
-  if module.has_variable("params", name + NK):
-    y = dot_nk(eq_nk, module.get_variable("params", name + NK), x, dtype)
-  else:
-    y = _dot(eq, x, w, dtype)
-  return low_rank_term(module, name, x, y, dtype)     # LoRA adapters, LoGRA's sketch path (models/lora.py)
-
-
-class NormScale(nn.Module):
-  """The `scale` parameter of an RMSNorm whose normalisation runs elsewhere (in the CPU attention kernel):
-  the same name, shape and initial value as `RMSNorm`'s, so both paths share parameters."""
-  param_dtype: Any
-
-  @nn.compact
-  def __call__(self, features: int) -> Array:
-    return self.param("scale", nn.initializers.ones, (features,), self.param_dtype)
-
-
-class RMSNorm(nn.Module):
-  eps: float
-  dtype: Any
-  param_dtype: Any
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    # HF order: cast the normalised value to the input dtype, then scale.
-    return scale.astype(self.dtype) * y.astype(self.dtype)
-
-
-def rope_tables(positions: Array, head_dim: int, theta: float, dtype) -> tuple[Array, Array]:
-  """cos and sin of the rotary angles, each [B, T, hd] (rotate-half layout, as HF Qwen/Llama).
-
-  Computed once per forward and shared by every layer. XLA:CPU would otherwise fuse the sin/cos into each
-  layer's q and k consumers and evaluate them there, once per head (0.2 ms per layer per M decode step).
-  The sampler computes them for all decode steps before its loop. Inside one forward pass they are computed
-  in a loop over the frequencies, which writes each frequency's two columns into [B, T, hd] tables: a loop
-  is a fusion boundary (an optimisation barrier is not; XLA removes it before fusing), and the tables it
-  carries keep their row-major layout. Built as `[hd/2, B, T]` by `lax.map` and moved to the last axis, the
-  tables stayed hd-major in memory and every rope fusion transposed them: the key gradient's rope fusions
-  took 32.7 ms per M train step in the profile, 18.8 ms with this layout (the step 1.022x; the sampler
-  unchanged within noise). The batch and sequence axes, so their sharding, are left untouched.
-  """
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  angles = positions.astype(jnp.float32)
-  half = head_dim // 2
-
-  def column(i, tables):
-    a = angles * inv_freq[i]
-    out = []
-    for table, value in zip(tables, (jnp.cos(a), jnp.sin(a))):
-      value = value[..., None].astype(dtype)
-      table = jax.lax.dynamic_update_slice_in_dim(table, value, i, axis=-1)
-      out.append(jax.lax.dynamic_update_slice_in_dim(table, value, i + half, axis=-1))
-    return tuple(out)
-
-  zeros = jnp.zeros(positions.shape + (head_dim,), dtype)
-  return jax.lax.fori_loop(0, half, column, (zeros, zeros))
-
-
-def rope(x: Array, cos: Array, sin: Array) -> Array:
-  """Rotary embedding of x [B, T, ..., hd] with tables [B, T, hd] from `rope_tables`."""
-  hd = x.shape[-1]
-  shape = cos.shape[:2] + (1,) * (x.ndim - 3) + (hd,)
-  x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-  rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return x * cos.reshape(shape) + rotated * sin.reshape(shape)
-
-
-def _init(key, shape, dtype=jnp.float32):
-  """N(0, 0.02^2), drawn flat and reshaped: same values, but XLA:CPU compiles a rank-4 normal ~10x slower."""
-  return (0.02 * jax.random.normal(key, (math.prod(shape),), jnp.float32)).reshape(shape).astype(dtype)
-
-
 def _cached_attention(q: Array, k: Array, v: Array, allowed: Array, cache_kv, dt) -> tuple[Array, tuple]:
   """Attention of the new queries q [B, T, KV, G, hd] over the cache, after writing this call's keys and
   values k, v [B, T, KV, hd] into it at its index: (out [B, T, KV*G*hd], (new key cache, new value cache))."""
@@ -261,14 +161,14 @@ class Attention(nn.Module):
     cfg = self.cfg
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     kvh, g, hd = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
-    w_qkv = self.param("qkv", _init, (cfg.hidden_size, kvh, g + 2, hd), pdt)
+    w_qkv = self.param("qkv", init_weight, (cfg.hidden_size, kvh, g + 2, hd), pdt)
     # One 2-D matmul over the merged (KV, G + 2, hd) features, like the output projection's. As
     # "btd,dkgh->btkgh", XLA reordered the three axes inside the input-gradient matmul, which copied the
     # weight and the q/k/v gradient (summing its three parts a second time) each step (M train step
     # 1.023x, 12 interleaved rounds). The head axis leads the merged one, so tensor parallelism's split
     # of the heads carries over (the same collectives as before in a tensor=2 step).
     b, t = x.shape[:2]
-    qkv = _proj(self, "qkv", "btd,df->btf", "fd,btd->btf", x, w_qkv.reshape(cfg.hidden_size, -1), dt)
+    qkv = project(self, "qkv", "btd,df->btf", "fd,btd->btf", x, w_qkv.reshape(cfg.hidden_size, -1), dt)
     qkv = qkv.reshape(b, t, kvh, g + 2, hd)
     if cfg.attention_bias:
       qkv = qkv + self.param("qkv_bias", nn.initializers.zeros, (kvh, g + 2, hd), pdt).astype(dt)
@@ -299,39 +199,9 @@ class Attention(nn.Module):
     # The output projection is a plain 2-D matmul over the merged (KV, G, hd) axis, with `out` moved to
     # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
     # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
-    w_o = self.param("o", _init, (kvh, g, hd, cfg.hidden_size), pdt)
-    return _proj(self, "o", "btf,fd->btd", "df,btf->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size),
+    w_o = self.param("o", init_weight, (kvh, g, hd, cfg.hidden_size), pdt)
+    return project(self, "o", "btf,fd->btd", "df,btf->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size),
                  dt), new_kv
-
-
-@jax.custom_vjp
-def swiglu(gu: Array) -> Array:
-  """silu(gate) * up of the fused gate/up activations `[..., 2, F]` -> `[..., F]`.
-
-  The backward pass writes the `[..., 2, F]` gradient in one pass. Differentiating the two slices instead
-  pads each slice's gradient to `[..., 2, F]` and adds them: two extra full-size writes per layer.
-  """
-  return jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :]
-
-
-def _swiglu_fwd(gu):
-  return swiglu(gu), gu
-
-
-def _swiglu_bwd(gu, dh):
-  # The sigmoid is recomputed here from the saved activations. Without the barrier XLA merges it with the
-  # forward's sigmoid (common subexpressions), which then writes it out as a [T, F] array for the backward
-  # to read: one more forward pass over memory (M train step 1.015x-1.016x with the barrier; same values).
-  gu = jax.lax.optimization_barrier(gu)
-  g, u = gu[..., 0, :].astype(jnp.float32), gu[..., 1, :].astype(jnp.float32)
-  dh = dh.astype(jnp.float32)
-  sig = jax.nn.sigmoid(g)
-  dg = dh * u * sig * (1.0 + g * (1.0 - sig))      # d silu(g) / dg = sig(g) (1 + g (1 - sig(g)))
-  du = dh * g * sig
-  return (jnp.stack([dg, du], axis=-2).astype(gu.dtype),)
-
-
-swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class MLP(nn.Module):
@@ -341,10 +211,10 @@ class MLP(nn.Module):
   def __call__(self, x):
     cfg = self.cfg
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
-    w_gu = self.param("gate_up", _init, (cfg.hidden_size, 2, cfg.intermediate_size), pdt)
-    w_down = self.param("down", _init, (cfg.intermediate_size, cfg.hidden_size), pdt)
-    h = swiglu(_proj(self, "gate_up", "btd,dcf->btcf", "cfd,btd->btcf", x, w_gu, dt))
-    return _proj(self, "down", "btf,fd->btd", "df,btf->btd", h, w_down, dt)
+    w_gu = self.param("gate_up", init_weight, (cfg.hidden_size, 2, cfg.intermediate_size), pdt)
+    w_down = self.param("down", init_weight, (cfg.intermediate_size, cfg.hidden_size), pdt)
+    h = swiglu(project(self, "gate_up", "btd,dcf->btcf", "cfd,btd->btcf", x, w_gu, dt))
+    return project(self, "down", "btf,fd->btd", "df,btf->btd", h, w_down, dt)
 
 
 def route(router_logits: Array, k: int, norm_topk_prob: bool,
@@ -375,9 +245,9 @@ class MoE(nn.Module):
     cfg = self.cfg
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     e, k, f, d = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hidden_size
-    w_router = self.param("router", _init, (d, e), pdt)
-    w_gu = self.param("gate_up", _init, (e, d, 2 * f), pdt)
-    w_down = self.param("down", _init, (e, f, d), pdt)
+    w_router = self.param("router", init_weight, (d, e), pdt)
+    w_gu = self.param("gate_up", init_weight, (e, d, 2 * f), pdt)
+    w_down = self.param("down", init_weight, (e, f, d), pdt)
     b, t, _ = x.shape
     router_logits = jnp.einsum("btd,de->bte", x.astype(dt), w_router.astype(dt),
                                preferred_element_type=jnp.float32)
@@ -425,11 +295,11 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.cfg
     pdt = as_dtype(cfg.param_dtype)
-    self.embedding = self.param("embedding", _init, (cfg.vocab_size, cfg.hidden_size), pdt)
+    self.embedding = self.param("embedding", init_weight, (cfg.vocab_size, cfg.hidden_size), pdt)
     self.layers = [DecoderLayer(cfg, cfg.is_moe_layer(i), name=f"layers_{i}") for i in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg.rms_norm_eps, as_dtype(cfg.dtype), pdt, name="final_norm")
     if not cfg.tie_word_embeddings:
-      self.lm_head = self.param("lm_head", _init, (cfg.hidden_size, cfg.vocab_size), pdt)
+      self.lm_head = self.param("lm_head", init_weight, (cfg.hidden_size, cfg.vocab_size), pdt)
 
   def __call__(self, tokens: Array, positions: Optional[Array] = None,
                attention_mask: Optional[Array] = None) -> Array:
