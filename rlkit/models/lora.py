@@ -22,7 +22,7 @@ and matches rules by module path. rlkit's weight matmuls run inside a `jax.custo
 hand-written backward), which cannot close over adapter params that need gradients; the decode layout
 multiplies weight-first (`fd,btd->btf`), which qwix would read as the activation being the weight; and the
 attention einsums in the same modules would need op-level exclusions. The term above is 40 lines, sits
-where weights meet activations (one line in `_proj`), and serves LoGRA as well.
+where weights meet activations (one line in `layers.project`), and serves LoGRA as well.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import ml_collections
 
 A, B, SCALE = "_lora_a", "_lora_b", "_lora_scale"
 SUFFIXES = (A, B, SCALE)
-SKETCH_A, SKETCH_P = "_sketch_a", "_sketch_p"     # LoGRA's zero sketch and its projection (rlkit/optim/logra_training.py)
+SKETCH_A, SKETCH_P = "_sketch_a", "_sketch_p"     # LoGRA's zero sketch A and B = Pᵀ (rlkit/optim/logra_training.py)
 # (module, kernel) -> how many leading axes of the kernel are its inputs (the 2-D view [in, out]).
 VIEWS = {("attn", "qkv"): 1, ("attn", "o"): 3, ("mlp", "gate_up"): 1, ("mlp", "down"): 1}
 TARGETS = tuple(name for _, name in VIEWS)
@@ -53,7 +53,8 @@ def lora_defaults() -> ml_collections.ConfigDict:
 
 
 def check(section, where: str) -> None:
-  """ValueError naming the key and the fix for a bad `lora` section (types are checked by config_checks.validate)."""
+  """ValueError naming the key and the fix for a bad `lora` section (types are checked by
+  config_checks.validate)."""
   if section.rank < 0:
     raise ValueError(f"{where}.rank={section.rank} must be >= 0 (0 turns LoRA off).")
   if section.alpha <= 0:
@@ -71,10 +72,10 @@ def view_shape(module: str, name: str, shape: tuple) -> tuple[int, int]:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _zero_sketch_term(y, x, a, p, dtype):
-  """y + (x·A)·P for a sketch A known to be zero (LoGRA): the value is y, so the forward computes nothing (the
-  autodiff of the general term keeps an output-sized float32 buffer per projection); the backward gives A its
-  gradient xᵀ·(dy·Pᵀ), the sketch, and y its cotangent unchanged. x and P get zero cotangents: P is not
-  trained, and x's would be (dy·Pᵀ)·Aᵀ = 0."""
+  """y + (x·A)·B for a sketch A known to be zero (LoGRA; `p` is B = Pᵀ [r, out]): the value is y, so the
+  forward computes nothing (the autodiff of the general term keeps an output-sized float32 buffer per
+  projection); the backward gives A its gradient xᵀ·(dy·Bᵀ), the sketch, and y its cotangent unchanged. x and
+  B get zero cotangents: B is not trained, and x's would be (dy·Bᵀ)·Aᵀ = 0."""
   del x, a, p, dtype
   return y
 

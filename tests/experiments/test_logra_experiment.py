@@ -71,8 +71,8 @@ def test_driver_dry_run_prints_one_sft_and_every_arm_from_it(tmp_path, capsys):
 def test_kl_prediction_error_and_its_verdict(tmp_path):
   """Per-step realised / applied KL over the applied steps (a skipped step, scale 0, is counted apart)."""
   import json
-  rows = [{"step": i, "kl/scale": s, "kl/applied": a, "kl/realised": r}
-          for i, (s, a, r) in enumerate([(1.0, 1e-3, 1.0e-3), (0.5, 2e-3, 2.2e-3), (0.0, 0.0, 0.0), (1.0, 1e-3, 0.9e-3)])]
+  steps = [(1.0, 1e-3, 1.0e-3), (0.5, 2e-3, 2.2e-3), (0.0, 0.0, 0.0), (1.0, 1e-3, 0.9e-3)]
+  rows = [{"step": i, "kl/scale": s, "kl/applied": a, "kl/realised": r} for i, (s, a, r) in enumerate(steps)]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   k = summarize.kl_prediction(str(tmp_path))
   assert k["steps"] == 4 and k["skipped"] == 1 and abs(k["median"] - 1.0) < 1e-9 and abs(k["scaled"] - 0.5) < 1e-9
