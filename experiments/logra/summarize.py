@@ -24,6 +24,7 @@ METRICS = {"accuracy": "eval/accuracy", "pass@4": "eval/pass@4", "train reward":
            "grad norm": "grad_norm"}
 MARGIN = 0.03          # accuracy points (as a fraction) within which an arm matches AdamW (README)
 MEMORY_NAMES = {"full_rank": "logra_full"}    # arm -> its configuration in benchmarks/memory.py
+COST_ARMS, COST_BOUND = ("logra_r16", "logra_r64", "full_rank"), 1.3    # prediction 5: median iteration vs adamw
 KL_ARM = "logra_r16_kl"
 KL_BAND, KL_STEP_BAND = (0.9, 1.1), (0.8, 1.25)   # prediction 6: the median ratio, and its 5th-95th percentiles
 
@@ -37,6 +38,12 @@ def verdict(diffs, margin: float = MARGIN) -> str:
   word = "parity" if abs(mean) <= margin else ("below" if mean < 0 else "above")
   split = any(d > margin for d in diffs) and any(d < -margin for d in diffs)
   return word + (" (seeds split)" if split else "")
+
+
+def median_iteration(path: str) -> float:
+  """The median `step_s` of a run's iterations (NaN without any)."""
+  steps = [r["step_s"] for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step_s" in r]
+  return float(np.median(steps)) if steps else float("nan")
 
 
 def kl_prediction(path: str) -> dict:
@@ -93,6 +100,19 @@ def main(argv=None) -> None:
     mem = f"{m['total_vs_adamw']:.3f}, {m['live_vs_adamw']:.3f}" if m else "-"
     mean = f"{np.mean(diffs):+.3f}" if diffs else "-"
     print(f"| {arm} | " + " | ".join(cells) + f" | {mean} | {verdict(diffs) if arm != 'adamw' else '(peer)'} | {mem} |")
+  print(f"\nMedian iteration time (s), per seed, and its ratio to adamw's (prediction 5: LoGRA within "
+        f"{COST_BOUND}x at every rank):\n")
+  print("| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | ratio to adamw (per seed) |")
+  print("|---|" + "---|" * (len(seeds) + 1))
+  med = {arm: {s: median_iteration(os.path.join(args.root, f"{arm}_s{s}")) for s in seeds} for arm in ARMS}
+  ratios = {arm: [med[arm][s] / med["adamw"][s] for s in seeds if np.isfinite(med[arm][s] / med["adamw"][s])]
+            for arm in ARMS}
+  for arm in ARMS:
+    print(f"| {arm} | " + " | ".join(f"{med[arm][s]:.3f}" for s in seeds) + " | " +
+          ", ".join(f"{r:.2f}" for r in ratios[arm]) + " |")
+  cost = [r for arm in COST_ARMS for r in ratios[arm]]
+  print("\nverdict (prediction 5): " + ("-" if not cost else "supported" if max(cost) <= COST_BOUND else
+                                         f"not supported (largest ratio {max(cost):.2f})"))
   diffs = [final[KL_ARM][s] - final["logra_r16"][s] for s in seeds
            if s in final.get(KL_ARM, {}) and s in final.get("logra_r16", {})]
   print(f"\n{KL_ARM} minus logra_r16 (prediction 7): " +
