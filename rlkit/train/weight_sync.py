@@ -48,8 +48,7 @@ from rlkit.models.transformer import Transformer
 from rlkit.parallel.mesh import AXES, make_mesh
 from rlkit.parallel.rules import param_shardings, shard_batch
 from rlkit.sync import (SYNC_BACKENDS, SyncConfig, SyncState, export_params, placed_by_arguments, resync, sync_config,
-                        sync_defaults)
-from rlkit.sync import sync_params
+                        sync_defaults, sync_params)
 
 SYNCED_STAGES = ("rl", "distill")      # stage kinds that sample from the copy (the others read the master)
 LOGGED = ("change_rate", "payload_ratio", "payload_bytes", "dense_bytes", "header_bytes", "dense_fallbacks",
