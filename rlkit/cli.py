@@ -175,7 +175,7 @@ def _reset_kwargs_of_a_renamed_task(config, argv) -> None:
 
 def _checked(config):
   """The validated config, with derived length limits; raises _Stop."""
-  from rlkit.train.config import ConfigError
+  from rlkit.core.errors import ConfigError
   from rlkit.train.config_checks import validate
   from rlkit.train.lengths import resolve_lengths
   from rlkit.train.models import run_tokenizer
@@ -237,7 +237,7 @@ def main(argv):
     set_cpu_devices(config.mesh.cpu_devices)
     maybe_initialize_distributed()
     import jax
-    from rlkit.train.config import ConfigError
+    from rlkit.core.errors import ConfigError
     from rlkit.train.config_checks import validate_for_processes
     try:
       validate_for_processes(config, jax.process_count())
@@ -250,7 +250,7 @@ def main(argv):
     print(f"Config error: {e}", file=sys.stderr)
     sys.exit(CONFIG_ERROR)
   from rlkit.train.run import run
-  from rlkit.train.stages import TrainingError
+  from rlkit.core.errors import TrainingError
   try:
     final = run(config, _WORKDIR.value)
   except TrainingError as e:

@@ -176,10 +176,6 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-class ConfigError(ValueError):
-  """A user mistake in the config; the message names the key and the fix."""
-
-
 def set_dotted(section, key: str, value) -> None:
   """`section` with `key` set, a dotted path through nested sections ("critic.optimizer.lr")."""
   *path, last = key.split(".")

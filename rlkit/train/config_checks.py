@@ -15,7 +15,8 @@ from rlkit.core.registry import closest_first
 from rlkit.models.lora import check_run as check_lora
 from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES
 from rlkit.optim.optimizers import check as optimizer_check
-from rlkit.train.config import ConfigError, base_config, split_files, stage_config, task_kwargs
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import base_config, split_files, stage_config, task_kwargs
 
 
 def _check_section(section: Any, defaults: ml_collections.ConfigDict, where: str) -> None:

@@ -29,7 +29,7 @@ from rlkit.models.transformer import Transformer
 from rlkit.objectives import aggregate
 from rlkit.objectives.returns import clipped_value_loss, explained_variance
 from rlkit.optim.optimizers import gradient_path, make_optimizer
-from rlkit.train.config import ConfigError
+from rlkit.core.errors import ConfigError
 from rlkit.train.phases.update import ppo_updates
 from rlkit.train.steps import init_train_state, make_update_step, rl_counts
 

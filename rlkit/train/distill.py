@@ -93,7 +93,7 @@ def _same_tokenizer(a, b) -> bool:
 def distill_scorers(ctx, cfg, sampling) -> dict:
   """scorer key -> (jitted scorer, params) for `rl_stage`'s scoring phase (module docstring); none with
   `cross_tokenizer` (the teacher reads its own tokens: `after_score`)."""
-  from rlkit.train.config import ConfigError
+  from rlkit.core.errors import ConfigError
   d, out = cfg.distill, {}
   if not distill_roles(cfg) or d.cross_tokenizer:
     return out

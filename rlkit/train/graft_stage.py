@@ -27,7 +27,8 @@ from rlkit.objectives.graft import graft_weights, rescue
 from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rewards import REWARDS, RewardOutput, take
 from rlkit.train import rl_stage
-from rlkit.train.config import ConfigError, rl_defaults
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import rl_defaults
 from rlkit.train.phases.augment import Augmenter, interleave_groups
 from rlkit.train.rl_metrics import policy_metrics
 from rlkit.train.stages import Stage, eval_metrics, loop, register_stage

@@ -20,7 +20,8 @@ from rlkit.data.jsonl import load_jsonl
 from rlkit.data.pipeline import token_lengths
 from rlkit.data.tasks import make_task
 from rlkit.data.splits import generate_splits
-from rlkit.train.config import ConfigError, data_files, stage_config, task_kwargs
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import data_files, stage_config, task_kwargs
 
 
 # Validating several configs in one process (a sweep's commands, the README recipes) would generate the same

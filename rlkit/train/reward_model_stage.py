@@ -29,7 +29,8 @@ from rlkit.optim.optimizers import make_optimizer
 from rlkit.rewards.reward_heads import build_head, head_spec, rating_scale
 from rlkit.rewards.reward_metrics import crps, wasserstein1
 from rlkit.rewards.reward_model import embed, save_head
-from rlkit.train.config import ConfigError, optimizer_defaults
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import optimizer_defaults
 from rlkit.train.models import Model
 from rlkit.train.stages import Stage, loop, register_stage
 from rlkit.train.steps import init_train_state

@@ -35,7 +35,8 @@ from rlkit.rollout.mismatch import from_config as mismatch_from_config
 from rlkit.rollout.mismatch import sampling_model
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import make_scorer
-from rlkit.train.config import ConfigError, rl_defaults
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import rl_defaults
 from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
 from rlkit.train.distill import after_score as distill_after_score
 from rlkit.train.distill import check as check_distill

@@ -42,7 +42,8 @@ from rlkit.rewards import RewardOutput, take
 from rlkit.rewards import question_checker as checker
 from rlkit.rewards import rquest as rq
 from rlkit.train import rl_stage
-from rlkit.train.config import ConfigError, rl_defaults
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import rl_defaults
 from rlkit.train.phases.augment import Augmenter
 from rlkit.train.phases.collect import collect
 from rlkit.train.phases.reward import reward_batch

@@ -10,7 +10,8 @@ import numpy as np
 
 from rlkit.data.pipeline import make_sft_iterator
 from rlkit.optim.optimizers import gradient_path, make_optimizer
-from rlkit.train.config import ConfigError, sft_defaults
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import sft_defaults
 from rlkit.train.phases.update import reduce_over_steps
 from rlkit.train.stages import Stage, loop, numeric, register_stage
 from rlkit.train.steps import init_train_state, make_sft_step

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import ml_collections
 
+from rlkit.core.errors import TrainingError
 from rlkit.core.registry import Registry
 from rlkit.models.lora import sampling_params
 from rlkit.train.evaluate import evaluate
@@ -45,10 +46,6 @@ class Context:
   models: dict = dataclasses.field(default_factory=dict)   # role -> Model (rlkit.train.models), besides the policy
   workdir: str = ""
   extra_evals: dict = dataclasses.field(default_factory=dict)   # eval.extra_sets: name -> (task, records)
-
-
-class TrainingError(RuntimeError):
-  """Training cannot go on (e.g. too many non-finite updates in a row); the message says why and what to do."""
 
 
 class Stage(NamedTuple):

@@ -105,7 +105,7 @@ def sampler_mesh(section, devices, where: str = "rl.sync") -> Optional[Mesh]:
   fixed, n = math.prod(s for s in sizes.values() if s > 0), len(devices)
   every = -1 in sizes.values()
   if fixed > n or (every and n % fixed):
-    from rlkit.train.config import ConfigError
+    from rlkit.core.errors import ConfigError
     many = " (times a whole number)" if every else ""
     raise ConfigError(f"{where}.mesh={_mesh_sizes(section)} needs {fixed} devices{many}, but {n} are "
                       f"available: make data x fsdp x tensor at most {n} (e.g. "
@@ -161,7 +161,7 @@ def build(section, train_params, model, lora, compute_dtype: str = "",
   if not section.kind:
     return SamplerSync(None, False, model, None, None, view), None
   if jax.process_count() > 1:
-    from rlkit.train.config import ConfigError
+    from rlkit.core.errors import ConfigError
     raise ConfigError(f"{where}.kind={section.kind!r} runs in one process only (rlkit.sync has no cross-host "
                       f"transport yet); set {where}.kind='' for a {jax.process_count()}-process run.")
   cfg = sync_config(_library_fields(section))

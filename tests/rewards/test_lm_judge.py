@@ -60,7 +60,7 @@ def test_rubric_lm_items_come_from_the_judge_model(executor):
 def test_a_judge_role_missing_from_the_run_fails_validation():
   import importlib.util
   import os
-  from rlkit.train.config import ConfigError
+  from rlkit.core.errors import ConfigError
   from rlkit.train.config_checks import validate
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   spec = importlib.util.spec_from_file_location("grpo_arith", os.path.join(root, "configs", "grpo_arith.py"))

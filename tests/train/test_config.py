@@ -7,7 +7,8 @@ import inspect
 import ml_collections
 import pytest
 
-from rlkit.train.config import ConfigError, base_config, rl_defaults
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import base_config, rl_defaults
 from rlkit.train.config_checks import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

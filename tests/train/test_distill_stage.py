@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from rlkit.objectives.distill import DIVERGENCES
-from rlkit.train.config import ConfigError, base_config
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import base_config
 from rlkit.train.config_checks import validate
 from rlkit.train.stages import STAGES
 import test_stages as ts

@@ -10,7 +10,8 @@ import pytest
 from rlkit.core.types import ROW_SOURCE
 from rlkit.models.transformer import init_params
 from rlkit.train import graft_stage, rl_stage
-from rlkit.train.config import ConfigError, base_config
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import base_config
 from rlkit.train.models import Model
 from rlkit.train.stages import STAGES, Context
 import test_stages as ts   # the RL stage's test components (pytest's rootdir import: the same module object)

@@ -13,7 +13,7 @@ from rlkit.models.transformer import Transformer, TransformerConfig, init_params
 from rlkit.optim.optimizers import gradient_path, make_optimizer, optimizer_defaults
 from rlkit.rewards import RewardOutput, register_reward
 from rlkit.train import stages
-from rlkit.train.config import ConfigError
+from rlkit.core.errors import ConfigError
 from rlkit.train.config_checks import validate
 from rlkit.train.metrics import read_metrics, without_timings
 from rlkit.train.steps import init_train_state, make_sft_step

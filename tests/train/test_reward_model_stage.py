@@ -86,7 +86,7 @@ def test_the_data_stream_resumes_from_its_step():
 
 @fast_compile()
 def test_non_finite_head_steps_are_skipped_and_stop_the_stage(tmp_path):
-  from rlkit.train.stages import TrainingError
+  from rlkit.core.errors import TrainingError
   c = _config(tmp_path, 6)
   (tmp_path / "train.jsonl").write_text("".join(
       json.dumps({**r, "ratings": [1e38] * 6}) + "\n" for r in _rows(64, 0)))   # (r - mean)^2 overflows
@@ -101,7 +101,7 @@ def test_non_finite_head_steps_are_skipped_and_stop_the_stage(tmp_path):
 def test_a_pair_head_reads_chosen_and_rejected_texts():
   """What the stage builds follows the head's batch keys: a Bradley-Terry head needs `chosen` and `rejected`."""
   from types import SimpleNamespace
-  from rlkit.train.config import ConfigError
+  from rlkit.core.errors import ConfigError
   from rlkit.train.reward_model_stage import _data
   cfg = SimpleNamespace(head="bradley_terry")
   ctx = SimpleNamespace(model=None, tokenizer=None)

@@ -18,7 +18,8 @@ from rlkit.models.transformer import init_params
 from rlkit.rewards import rquest as rq
 from rlkit.train import checkpoint as ckpt
 from rlkit.train import rl_stage, rquest_stage
-from rlkit.train.config import ConfigError, base_config
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import base_config
 from rlkit.train.config_checks import validate
 from rlkit.train.models import Model
 from rlkit.train.stages import STAGES, Context

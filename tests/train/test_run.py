@@ -7,7 +7,7 @@ import pytest
 
 from configs.grpo_arith import get_config
 from rlkit.data.pipeline import as_text_record
-from rlkit.train.config import ConfigError
+from rlkit.core.errors import ConfigError
 from rlkit.train.config_checks import validate
 from rlkit.train import stages
 from rlkit.train.run import extra_evals, stage_context

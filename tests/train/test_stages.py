@@ -37,7 +37,8 @@ from rlkit.train import critic as critic_module, rl_stage, stages
 from rlkit.train.config import base_config, rl_defaults
 from rlkit.train.models import Model
 from rlkit.train.phases.augment import AUGMENTERS, Augmenter, AugmenterSpec, interleave_groups
-from rlkit.train.stages import STAGES, Context, TrainingError
+from rlkit.core.errors import TrainingError
+from rlkit.train.stages import STAGES, Context
 from tests.fast_compile import fast_compile as _fast_compile
 
 TOK = CharTokenizer()

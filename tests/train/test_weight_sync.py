@@ -27,7 +27,8 @@ from rlkit.parallel.mesh import make_mesh
 from rlkit.parallel.rules import shard_batch, shard_params
 from rlkit.sync import sparse_delta as sparse_impl
 from rlkit.train import rl_stage, weight_sync
-from rlkit.train.config import ConfigError, base_config, rl_defaults
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import base_config, rl_defaults
 from rlkit.train.stages import STAGES, Context
 
 STEPS = 3

@@ -22,7 +22,8 @@ from rlkit.models.tokenizer import pad_left, pad_right
 from rlkit.models.transformer import Transformer, init_params
 from rlkit.rollout.scoring import response_forward, score_response
 from rlkit.train import distill, rl_stage
-from rlkit.train.config import ConfigError, rl_defaults
+from rlkit.core.errors import ConfigError
+from rlkit.train.config import rl_defaults
 from rlkit.train.models import Model
 from tests.fast_compile import fast_compile
 import test_stages as ts
