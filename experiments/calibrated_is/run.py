@@ -41,24 +41,26 @@ from rlkit.rewards import REWARDS, VerifierExecutor  # noqa: E402
 from rlkit.rollout.mismatch import Mismatch, sampling_model  # noqa: E402
 from rlkit.rollout.sampler import processed_logprobs  # noqa: E402
 from rlkit.rollout.scoring import make_scorer, response_forward  # noqa: E402
-from rlkit.train.config import rl_defaults  # noqa: E402
+from rlkit.train.rl_config import rl_defaults  # noqa: E402
 from rlkit.train.models import load_model  # noqa: E402
 from rlkit.train.phases.advantages import with_advantages  # noqa: E402
 from rlkit.train.phases.collect import collect  # noqa: E402
 from rlkit.train.phases.reward import compute_rewards  # noqa: E402
 from rlkit.train.phases.score import score, train_batch  # noqa: E402
-from rlkit.train.rl_stage import sampling_config  # noqa: E402
+from rlkit.train.phases.collect import sampling_config  # noqa: E402
 from rlkit.train.steps import default_step_inputs, make_rl_loss, rl_counts  # noqa: E402
 
 # The arms, pre-registered in README.md: library defaults or the peers' presets, never tuned here.
 ARMS = {
     "none": {"name": "none"},
-    "token_tis": {"name": "rollout_correction", "rollout_is": "token", "rollout_is_threshold": 2.0},
-    "seq_tis": {"name": "rollout_correction", "rollout_is": "sequence", "rollout_is_threshold": 2.0},
-    "seq_mis": {"name": "rollout_correction", "rollout_is": "sequence", "rollout_is_threshold": 2.0,
+    "token_tis": {"name": "rollout_correction", "rollout_is": "token", "rollout_is_threshold": "2.0"},
+    "seq_tis": {"name": "rollout_correction", "rollout_is": "sequence", "rollout_is_threshold": "2.0"},
+    "seq_mis": {"name": "rollout_correction", "rollout_is": "sequence", "rollout_is_threshold": "2.0",
                 "rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "2.0"},     # verl decoupled_seq_is_rs()
     "geo_mis": {"name": "rollout_correction", "rollout_rs": "seq_mean_k1",
-                "rollout_rs_threshold": "0.999_1.001"},                          # verl decoupled_geo_rs()
+                "rollout_rs_threshold": "0.999_1.001",                           # verl decoupled_geo_rs()
+                # the bounds as measured (on r; verl 0.9.1 bounds 1/r, which differs for asymmetric bounds)
+                "rollout_rs_k1_bounds": "ratio"},
     "icepop": {"name": "icepop"},
     "calibrated": {"name": "calibrated"},
 }
@@ -123,11 +125,11 @@ class Env:
     put = lambda d: {k: jnp.asarray(v) for k, v in d.items()}  # noqa: E731  one process, one device
     samples = collect(sampling_model(self.model, mismatch), self.params, prompts, key, self.sampling,
                       self.sizes["group"], put, perturb=mismatch.logits_hook(self.sampling))
-    rewards = compute_rewards(self.reward_fn, samples, self.tok, self.cfg).rewards
+    rewards = compute_rewards(self.reward_fn, samples, self.tok, self.cfg)
     batch = score(train_batch(samples, None, put), {"policy": (self.scorer, self.params)})
     # Group advantages do not read the loss mask, so computing them before the corrections (the trainer
     # corrects first) gives the same numbers.
-    return with_advantages(batch, rewards, self.cfg, self.sizes["group"], put), rewards
+    return with_advantages(batch, rewards, self.cfg, self.sizes["group"], put), rewards.rewards
 
 
 def log_ratio_split(batch) -> dict:

@@ -1,5 +1,6 @@
-"""Off-policy rollout corrections (rlkit/objectives/correction.py, calibrated_is.py): hand-computed weights, masks,
-metrics and state, against verl's semantics where verl has the mode."""
+"""Off-policy rollout corrections (rlkit/objectives/correction.py, rollout_correction.py, calibrated_is.py):
+hand-computed weights, masks, metrics and state, against verl 0.9.1's semantics where verl has the mode (a numpy
+transliteration of verl 0.9.1's formulas is in test_rollout_correction.py)."""
 from __future__ import annotations
 
 import jax
@@ -10,7 +11,8 @@ import pytest
 from rlkit.core.types import ROW_SOURCE, TrainBatch
 from rlkit.objectives import calibrated_is
 from rlkit.objectives.correction import CORRECTIONS, calibrated_correction, check, correction_defaults
-from rlkit.objectives.correction import icepop_weights, parse_rollout_rs, rollout_correction_weights
+from rlkit.objectives.correction import icepop_weights, parse_rollout_is_threshold, parse_rollout_rs
+from rlkit.objectives.correction import rollout_correction_weights
 
 P = "rollout_corr/"
 E = np.exp
@@ -56,6 +58,9 @@ CONFIGS = [
          rollout_rs_threshold="0.999_1.001,1e-6", rollout_token_veto_threshold=0.999),
     _cfg("rollout_correction", rollout_is="sequence", rollout_is_batch_normalize=True,
          rollout_rs="geometric,seq_max_k3,seq_mean_k2", rollout_rs_threshold="1.0001,1e-9,1e-9"),
+    _cfg("rollout_correction", rollout_is="token", rollout_is_threshold="0.5_5.0", rollout_rs="token_k1",
+         rollout_rs_threshold="0.9_1.2", rollout_rs_k1_bounds="ratio"),
+    _cfg("rollout_correction", rollout_is="sequence", rollout_is_threshold="0.5_5.0", rollout_is_batch_normalize=True),
     _cfg("icepop"),
     _cfg("calibrated"),
 ]
@@ -90,11 +95,14 @@ def _cores():
   rs = parse_rollout_rs("token_k1", "0.5_2.0")
   yield lambda o: rollout_correction_weights(o, rollout, m, s, is_level="token", batch_normalize=True, rs=rs)[0]
   yield lambda o: rollout_correction_weights(o, rollout, m, s, is_level="sequence", is_threshold=100.0)[0]
+  yield lambda o: rollout_correction_weights(o, rollout, m, s, is_level="sequence", is_threshold="0.3_3.0",
+                                             batch_normalize=True)[0]
   yield lambda o: icepop_weights(o, rollout, m, s)[0]
   yield lambda o: calibrated_correction(o, rollout, m, s, calibrated_is.init_state(), sigma_init=1.0)[0]
 
 
-@pytest.mark.parametrize("core", list(_cores()), ids=["token_is", "sequence_is", "icepop", "calibrated"])
+@pytest.mark.parametrize("core", list(_cores()),
+                         ids=["token_is", "sequence_is", "sequence_icepop", "icepop", "calibrated"])
 def test_weights_carry_no_gradient(core):
   old = jnp.asarray(ROLLOUT + LR, jnp.float32)
   assert float(jnp.abs(jax.grad(lambda o: core(o).sum())(old)).max()) == 0.0
@@ -131,15 +139,20 @@ def test_sequence_level_weights_of_4096_token_rows_stay_finite_and_exact():
   with np.errstate(over="ignore", under="ignore"):
     assert np.prod(np.exp(lr[3])) == np.inf and np.prod(np.exp(lr[2])) < 1e-38   # e^-204.8: not a float32
   batch = _batch(lr, np.zeros((4, r)), np.ones((4, r), bool))
-  out = _apply(_cfg("rollout_correction", rollout_is="sequence", rollout_is_threshold=1e9), batch)
+  out = _apply(_cfg("rollout_correction", rollout_is="sequence", rollout_is_threshold="1e9"), batch)
   w = np.asarray(out.weights)
   np.testing.assert_allclose(w[:, 0], [E(0.2048), E(20.0), E(-20.0), E(20.0)], rtol=1e-3)
   assert np.all(w == w[:, :1]) and all(np.isfinite(v) for v in out.metrics.values())
   np.testing.assert_allclose(out.metrics[P + "chi2_seq"], (E(0.4096) + 2 * E(40.0) + E(-40.0)) / 4 - 1, rtol=1e-3)
-  # Geometric rejection (seq_mean_k1) on the same rows: ratios exp(mean lr) = e^5e-5, e^0.01, e^-0.05, e^0.03.
+  # Geometric rejection (seq_mean_k1) on the same rows: ratios r = exp(mean lr) = e^5e-5, e^0.01, e^-0.05, e^0.03.
+  # verl 0.9.1 bounds 1/r = e^-0.01 = 0.990 >= 0.99 (kept), e^0.05 = 1.051, e^-0.03 = 0.970 (both rejected); bounding
+  # r (the "ratio" convention, these expectations before 0.9.1) rejects e^0.01 = 1.01005 > 1.01 as well.
   out = _apply(_cfg("rollout_correction", rollout_rs="seq_mean_k1", rollout_rs_threshold="0.99_1.01"), batch)
+  np.testing.assert_array_equal(np.asarray(out.keep)[:, 0], [True, True, False, False])
+  np.testing.assert_allclose(out.metrics[P + "rollout_rs_seq_masked_fraction"], 0.5)
+  out = _apply(_cfg("rollout_correction", rollout_rs="seq_mean_k1", rollout_rs_threshold="0.99_1.01",
+                    rollout_rs_k1_bounds="ratio"), batch)
   np.testing.assert_array_equal(np.asarray(out.keep)[:, 0], [True, False, False, False])
-  np.testing.assert_allclose(out.metrics[P + "rollout_rs_seq_masked_fraction"], 0.75)
 
 
 def test_token_is_truncates_and_logs_verls_metrics():
@@ -147,14 +160,18 @@ def test_token_is_truncates_and_logs_verls_metrics():
   w = np.asarray(out.weights)
   np.testing.assert_allclose(w, [[E(0.5), E(-0.2), 2.0], [E(-1.0), E(0.3), 1.0]], rtol=1e-6)
   m = out.metrics
-  np.testing.assert_allclose(m[P + "rollout_is_mean"], RHO[MASK].sum() / 5, rtol=1e-6)   # untruncated (verl)
-  np.testing.assert_allclose(m[P + "rollout_is_max"], E(1.0), rtol=1e-6)
+  # verl 0.9.1 takes mean / max / min from the truncated weights (the old snapshot b178a3cd, which these
+  # expectations followed before, from the raw ratios: mean RHO[MASK].mean(), max e^1).
+  tw = w[MASK]
+  np.testing.assert_allclose(m[P + "rollout_is_mean"], tw.mean(), rtol=1e-6)
+  np.testing.assert_allclose(m[P + "rollout_is_max"], 2.0, rtol=1e-6)
   np.testing.assert_allclose(m[P + "rollout_is_min"], E(-1.0), rtol=1e-6)
-  assert m[P + "rollout_is_ratio_fraction_high"] == pytest.approx(0.2)   # e^1 > 2
-  assert m[P + "rollout_is_ratio_fraction_low"] == pytest.approx(0.2)    # e^-1 < 1/2
-  c = np.array([E(0.5), E(-0.2), 2.0, 0.5, E(0.3)])   # clip(raw, 1/2, 2)
-  np.testing.assert_allclose(m[P + "rollout_is_eff_sample_size"], c.mean() ** 2 / (c ** 2).mean(), rtol=1e-5)
-  np.testing.assert_allclose(m[P + "rollout_is_std"], c.std(), rtol=1e-5)
+  assert m[P + "rollout_is_ratio_fraction_high"] == pytest.approx(0.2)   # raw e^1 > 2
+  assert m[P + "rollout_is_ratio_fraction_low"] == pytest.approx(0.2)    # raw e^-1 < 1/2
+  # std and ESS of clip(w, 0, 2) = w (0.9.1; the old snapshot clipped to [1/2, 2], lifting e^-1 to 0.5).
+  np.testing.assert_allclose(m[P + "rollout_is_eff_sample_size"], tw.mean() ** 2 / (tw ** 2).mean(), rtol=1e-5)
+  np.testing.assert_allclose(m[P + "rollout_is_std"], tw.std(), rtol=1e-5)
+  assert P + "rollout_is_oob_ratio" not in m   # IcePop's only
   np.testing.assert_allclose(m[P + "weight_mean"], w[MASK].mean(), rtol=1e-6)
 
 
@@ -181,13 +198,15 @@ def test_batch_normalisation_means_tokens_for_token_is_and_sequences_for_sequenc
 
 # Token ratios on the mask: [1.65, 0.82, 2.72 | 0.37, 1.35]; k2 = lr^2/2: [.125, .02, .5 | .5, .045];
 # k3 = e^lr - 1 - lr: [.149, .019, .718 | .368, .050]; rows: sum lr 1.3 | -0.7, mean .433 | -.35.
+# k1 bounds follow verl 0.9.1 (the default rollout_rs_k1_bounds="verl"): they bound 1/r = e^k1. Before 0.9.1
+# these cases bounded r; "0.8_3.0" then kept [[1, 1, 1], [0, 1, 0]] (now under rollout_rs_k1_bounds="ratio").
 REJECTION_CASES = [
     ("token_k1", "0.5_2.0", [[1, 1, 0], [0, 1, 0]]),
     ("token_k1", "2.0", [[1, 1, 0], [0, 1, 0]]),          # lower = 1/upper
     ("token", "2.0", [[1, 1, 0], [0, 1, 0]]),             # old verl name of token_k1
-    ("token_k1", "0.8_3.0", [[1, 1, 1], [0, 1, 0]]),      # bounds the ratio r (verl HEAD's 1/r would differ)
-    ("seq_sum_k1", "0.45_3.0", [[0, 0, 0], [1, 1, 0]]),   # e^1.3 = 3.67 > 3; e^-0.7 = 0.497 >= 0.45
-    ("geometric", "0.7_1.5", [[0, 0, 0], [1, 1, 0]]),     # e^0.433 = 1.54 > 1.5; e^-0.35 = 0.705 >= 0.7
+    ("token_k1", "0.8_3.0", [[0, 1, 0], [1, 0, 0]]),      # 1/r in [0.8, 3]: r in [1/3, 1.25]
+    ("seq_sum_k1", "0.45_3.0", [[0, 0, 0], [1, 1, 0]]),   # 1/r: e^-1.3 = 0.27 < 0.45; e^0.7 = 2.01 <= 3
+    ("geometric", "0.7_1.5", [[0, 0, 0], [1, 1, 0]]),     # 1/r: e^-0.433 = 0.65 < 0.7; e^0.35 = 1.42 <= 1.5
     ("token_k2", "0.1", [[0, 1, 0], [0, 1, 0]]),
     ("token_k3", "0.1", [[0, 1, 0], [0, 1, 0]]),
     ("seq_sum_k2", "0.6", [[0, 0, 0], [1, 1, 0]]),        # 0.645 | 0.545
@@ -237,7 +256,11 @@ def test_icepop_masks_outside_the_window_and_keeps_the_raw_ratio_inside():
   assert out.metrics[P + "rollout_is_ratio_fraction_low"] == pytest.approx(0.2)
   w = np.array([E(0.5), E(-0.2), E(0.3)])
   np.testing.assert_allclose(out.metrics[P + "rollout_is_eff_sample_size"], w.sum() ** 2 / (3 * (w ** 2).sum()),
-                             rtol=1e-5)
+                             rtol=1e-5)   # the generic ESS, over the kept tokens
+  # verl 0.9.1's rollout_is_mean / _max / _min: of the applied weights over T, 0 on the two rejected tokens (they
+  # were of the raw ratios before: mean RHO[MASK].mean(), max e^1, min e^-1).
+  assert out.metrics[P + "rollout_is_mean"] == pytest.approx(w.sum() / 5, rel=1e-6)
+  assert out.metrics[P + "rollout_is_max"] == pytest.approx(E(0.5), rel=1e-6) and out.metrics[P + "rollout_is_min"] == 0
   out = _apply(_cfg("icepop"), batch)   # defaults [0.5, 5]: only e^-1 leaves; e^1 = 2.72 keeps its weight
   np.testing.assert_allclose(np.asarray(out.weights), [[E(0.5), E(-0.2), E(1.0)], [0.0, E(0.3), 1.0]], rtol=1e-6)
 
@@ -332,16 +355,27 @@ def test_check_accepts_the_defaults_and_valid_specs():
   for name in ("none", "rollout_correction", "icepop", "calibrated"):
     check(_cfg(name, rollout_is="sequence", rollout_rs="token_k1,seq_max_k2, seq_mean_k3",
                rollout_rs_threshold="0.4_1.8,3.0,0.01", rollout_token_veto_threshold=1e-4))
+  for spec in ("2", " 1.5 ", "0.5_5.0", "1.0_1.0"):   # verl 0.9.1 allows lower == upper
+    check(_cfg("rollout_correction", rollout_is="token", rollout_is_threshold=spec, rollout_rs_k1_bounds="ratio"))
   assert parse_rollout_rs("token_k1,token,seq_sum_k3", "1.5") == (("token_k1", 1 / 1.5, 1.5), ("seq_sum_k3", 0.0, 1.5))
+  assert parse_rollout_rs("token_k1", "2.0_2.0") == (("token_k1", 2.0, 2.0),)
+  assert parse_rollout_is_threshold("0.5_5.0") == (5.0, 0.5) and parse_rollout_is_threshold(3.0) == (3.0, None)
+  with pytest.raises(ValueError, match="boolean"):   # bool is an int; verl refuses it too
+    parse_rollout_is_threshold(True)
 
 
 @pytest.mark.parametrize("fields,words", [
     (dict(name="tis"), ["correction.name", "rollout_correction"]),
     (dict(rollout_is="tok"), ["correction.rollout_is", "token"]),
-    (dict(rollout_is_threshold=0.0), ["correction.rollout_is_threshold", "> 0"]),
+    (dict(rollout_is_threshold="0.0"), ["correction.rollout_is_threshold", "> 0"]),
+    (dict(rollout_is_threshold="0_2"), ["correction.rollout_is_threshold", "> 0"]),
+    (dict(rollout_is_threshold="two"), ["correction.rollout_is_threshold", "not a number", "0.5_5.0"]),
+    (dict(rollout_is_threshold="5.0_0.5"), ["correction.rollout_is_threshold", "lower bound", "must not exceed"]),
+    (dict(rollout_is_threshold=""), ["correction.rollout_is_threshold", "2.0"]),
+    (dict(rollout_rs_k1_bounds="inverse"), ["correction.rollout_rs_k1_bounds", "verl", "ratio"]),
     (dict(rollout_rs="token_k4", rollout_rs_threshold="2.0"), ["correction.rollout_rs", "token_k4", "seq_max_k3"]),
     (dict(rollout_rs="token_k1"), ["correction.rollout_rs_threshold", "0.5_2.0"]),
-    (dict(rollout_rs="token_k1", rollout_rs_threshold="2.0_0.5"), ["rollout_rs_threshold", "lower", "below"]),
+    (dict(rollout_rs="token_k1", rollout_rs_threshold="2.0_0.5"), ["rollout_rs_threshold", "lower", "not exceed"]),
     (dict(rollout_rs="token_k1", rollout_rs_threshold="-2"), ["rollout_rs_threshold", "> 0"]),
     (dict(rollout_rs="token_k1", rollout_rs_threshold="abc"), ["rollout_rs_threshold", "not a number"]),
     (dict(rollout_rs="seq_mean_k3", rollout_rs_threshold="0.1_0.2"), ["seq_mean_k3", "single upper bound"]),
@@ -367,3 +401,5 @@ def test_registry_and_every_config_field_documented():
   comments = field_comments(correction_defaults)
   assert set(comments) == set(correction_defaults().keys())
   assert "verl" in comments["rollout_rs_threshold"] and "0.5_2.0" in comments["rollout_rs_threshold"]
+  assert "0.9.1" in comments["rollout_is_threshold"] and "lower_upper" in comments["rollout_is_threshold"]
+  assert "1/r" in comments["rollout_rs_k1_bounds"] and "ratio" in comments["rollout_rs_k1_bounds"]
