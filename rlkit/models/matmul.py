@@ -12,10 +12,24 @@ is `[tokens, 2F]`, six times the size of `x` `[tokens, D]`, about 20 ms per laye
 smaller operand is transposed explicitly, behind an optimization barrier: without it XLA folds the
 transpose back into the dot and picks the operand to copy again. With `swiglu`'s backward (transformer.py)
 this made the M-size train step 1.06x-1.3x faster (benchmarks/README.md).
+
+Quantized weights (the sampler's hook; `rlkit.quant`, methods/systems.md §1). A sampler copy exported by a
+quantizer (`rl.sync.quantizer`) holds some kernels as `QuantizedWeight`s: a pytree of codes and scales that
+presents the kernel's shape and a compute dtype. `weight_matmul` hands such a weight its own `matmul`, e.g.
+int8 codes c with per-output-channel scales s:
+
+  y = (x . c) * s          (c upcast to x's dtype, exactly; float32 accumulation; s after the contraction)
+
+The model code needs no branch: `astype`, `reshape` and `transpose` of a QuantizedWeight are lazy (the
+layout ops the model applies to a kernel before its matmul), and any other consumer (the CPU decode layout's
+features-major copies, `rlkit.models.decode_layout`) reads it as an array through `__jax_array__`, i.e.
+dequantized to its compute dtype. A new format (FP4) subclasses QuantizedWeight and registers a quantizer;
+the training forward never sees one and runs the dense path below unchanged.
 """
 from __future__ import annotations
 
 import functools
+import math
 import string
 
 import jax
@@ -28,13 +42,47 @@ def _einsum(eq: str, a: Array, b: Array) -> Array:
   return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def weight_matmul(eq: str, x: Array, w: Array) -> Array:
-  """`einsum(eq, x, w)` with float32 accumulation (x, w in the compute dtype).
+class QuantizedWeight:
+  """A kernel in a low-precision format (a pytree: subclasses are dataclasses of codes and scales), as the
+  sampler's params hold it. Subclasses give `shape`, `dtype` (the compute dtype it presents), `astype`
+  (lazy: only the presented dtype changes), `reshape`, `transpose` and `dequantize` (the array it stands for,
+  in `dtype`); they override `matmul` to multiply without materialising that array."""
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def size(self) -> int:
+    return math.prod(self.shape)
+
+  @property
+  def T(self):  # noqa: N802 (numpy's name)
+    return self.transpose()
+
+  def __jax_array__(self) -> Array:
+    return self.dequantize()
+
+  def matmul(self, eq: str, x: Array) -> Array:
+    """`einsum(eq, x, self)` with float32 accumulation (the fallback: through the dequantized array)."""
+    return _einsum(eq, x, self.dequantize())
+
+
+def weight_matmul(eq: str, x: Array, w) -> Array:
+  """`einsum(eq, x, w)` with float32 accumulation (x, w in the compute dtype); `w` may be a
+  QuantizedWeight (the sampler's copy: its own `matmul`, no gradient).
 
   eq is "X,W->Y" where every axis appears in exactly two of the three terms: the token axes in X and Y,
   the contracted axes in X and W, the output features in W and Y (e.g. "btd,dkgh->btkgh").
   """
+  if isinstance(w, QuantizedWeight):
+    _check(eq)
+    return w.matmul(eq, x)
+  return _dense_matmul(eq, x, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _dense_matmul(eq: str, x: Array, w: Array) -> Array:
   _check(eq)
   return _einsum(eq, x, w)
 
@@ -47,7 +95,7 @@ def _check(eq: str) -> None:
 
 
 def _fwd(eq, x, w):
-  return weight_matmul(eq, x, w), (x, w)
+  return _dense_matmul(eq, x, w), (x, w)
 
 
 def _bwd(eq, res, dy):
@@ -78,4 +126,4 @@ def _bwd(eq, res, dy):
   return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-weight_matmul.defvjp(_fwd, _bwd)
+_dense_matmul.defvjp(_fwd, _bwd)

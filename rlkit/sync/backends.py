@@ -5,8 +5,10 @@ The trainer holds float32 master params on its mesh; the sampler holds a copy of
 another mesh, with other shardings and another dtype (bf16). One sync:
 
   prepare  (trainer)  e = export(params): floating leaves cast to the sampler dtype (round-to-nearest-even,
-                      as `astype`), on the train shardings. The backend turns e into a Payload (per tensor, a
-                      dense copy or a sparse delta, with the checksum of e) and a pending state.
+                      as `astype`), the matmul kernels in the format of `sync.quantizer`
+                      (rlkit/quant/quantizers.py: none, bf16, int8 codes + scales), on the train shardings.
+                      The backend turns e into a Payload (per tensor, a dense copy or a sparse delta, with
+                      the checksum of e) and a pending state.
   receive  (sampler)  each tensor routed onto its sampler sharding and applied, then checked: the receiver's
                       checksum (`codec.checksum`, every replica) against the sender's. One ack per tensor.
   commit   (trainer)  the pending state (baseline = e) replaces the old one only if every tensor acked.
@@ -19,7 +21,9 @@ Backends, by `sync.kind`:
   sparse_delta  NeMo-DCR: only the bits that changed since the baseline (`rlkit.sync.sparse_delta`); a tensor
                 whose changes overflow a message's capacity (`capacity_frac`) goes dense. Keeps the baseline:
                 one copy of e on the train mesh, the state to checkpoint (`SyncState` is a pytree).
-Both paths give the sampler the same bits as a dense reshard of e: the tests check it at every step.
+Both paths give the sampler the same bits as a dense reshard of e: the tests check it at every step. A
+quantized kernel of e (`sync.quantizer`) is a pytree of codes and scales: both backends send each part as a
+leaf of its own, so every quantizer works with both (sparse_delta reads any 1, 2, 4 or 8-byte leaf's bits).
 
 Stats of a sync (floats): change_rate (elements whose exported bits changed / all elements; sparse_delta
 only), entries (changes sent sparsely), payload_bytes = index_bytes (gap-coded) + value_bytes (including
@@ -45,6 +49,8 @@ import numpy as np
 
 from kernels.sparse_delta import bits_view
 from rlkit.core.registry import Registry
+from rlkit.quant import quantizers
+from rlkit.quant.quantizers import QUANTIZERS
 from rlkit.sync import shards
 from rlkit.sync import sparse_delta as sparse
 
@@ -57,6 +63,8 @@ def sync_defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "dense"           # SYNC_BACKENDS name: dense (every tensor) | sparse_delta (changed bits only)
   c.dtype = "bfloat16"       # sampler copy's dtype for floating leaves (cast as astype, RNE); "" keeps theirs
+  c.quantizer = "none"       # QUANTIZERS name, the format of the copy's matmul kernels: none (cast to dtype) |
+  #                            bf16 | int8 (weight-only, per-channel scales; rlkit/quant/quantizers.py)
   c.capacity_frac = 0.05     # sparse_delta: a train shard's message holds ceil(frac x shard size) changes;
   #                            a tensor with more goes dense that sync
   c.impl = "auto"            # sparse_delta encode/apply: pallas (kernels/sparse_delta.py: compiled on GPU,
@@ -72,9 +80,11 @@ class SyncConfig:
   dtype: str = "bfloat16"
   capacity_frac: float = 0.05
   impl: str = "auto"
+  quantizer: str = "none"
 
   def __post_init__(self):
     SYNC_BACKENDS.check(self.kind, "sync.kind")
+    QUANTIZERS.check(self.quantizer, "sync.quantizer")
     if self.dtype:
       try:
         jnp.dtype(self.dtype)
@@ -139,10 +149,6 @@ class SyncBackend(NamedTuple):
 SYNC_BACKENDS: Registry[SyncBackend] = Registry("sync backend")
 
 
-def _sync_dtype(dtype, target: str):
-  return jnp.dtype(target) if target and jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(dtype)
-
-
 def placed_by_arguments(fn):
   """Runs `fn` without the caller's context mesh (`jax.set_mesh`), restored afterwards. A sync works on two
   meshes, each array where its sharding puts it and each shard_map on its own mesh; JAX refuses both under a
@@ -154,10 +160,11 @@ def placed_by_arguments(fn):
   return wrapped
 
 
-@functools.partial(jax.jit, static_argnames="dtype")
-def export_params(train_params: Any, dtype: str) -> Any:
-  """The sampler's view of the train params: floating leaves cast to `dtype` (RNE), on the train shardings."""
-  return jax.tree.map(lambda x: x.astype(_sync_dtype(x.dtype, dtype)), train_params)
+@functools.partial(jax.jit, static_argnames=("dtype", "quantizer"))
+def export_params(train_params: Any, dtype: str, quantizer: str = "none") -> Any:
+  """The sampler's view of the train params: floating leaves cast to `dtype` (RNE), matmul kernels in the
+  format of `quantizer` (`rlkit.quant.quantizers.export`), on the train shardings."""
+  return quantizers.export(train_params, quantizer, dtype)
 
 
 def _nbytes(x) -> int:
@@ -241,7 +248,7 @@ def _targets(treedef, sampler_params, exports: list) -> list:
     if tuple(t.shape) != tuple(e.shape) or t.dtype != e.dtype:
       raise ValueError(f"Sampler param {path} is {t.dtype}{list(t.shape)}, but the trainer exports "
                        f"{e.dtype}{list(e.shape)}; build the sampler params with rlkit.sync.resync (sync.dtype "
-                       f"decides the exported dtype of floating leaves).")
+                       f"and sync.quantizer decide the exported leaves).")
   return targets
 
 
@@ -251,7 +258,7 @@ def prepare(train_params: Any, state: SyncState, sampler_params: Any, cfg) -> tu
   cfg = sync_config(cfg)
   backend = SYNC_BACKENDS.get(cfg.kind)
   t0 = time.perf_counter()
-  export = export_params(train_params, cfg.dtype)
+  export = export_params(train_params, cfg.dtype, cfg.quantizer)
   exports, treedef = jax.tree.flatten(export)
   _targets(treedef, sampler_params, exports)
   baselines = None if state.baseline is None else treedef.flatten_up_to(state.baseline)
@@ -310,7 +317,7 @@ def resync(train_params: Any, sampler_shardings: Any, cfg,
   and on resume, where both sides must start from the same weights. Raises if a tensor fails to verify."""
   cfg = sync_config(cfg)
   backend = SYNC_BACKENDS.get(cfg.kind)
-  export, encode_s = _timed(lambda: export_params(train_params, cfg.dtype))
+  export, encode_s = _timed(lambda: export_params(train_params, cfg.dtype, cfg.quantizer))
   exports, treedef = jax.tree.flatten(export)
   targets = treedef.flatten_up_to(sampler_shardings)
   sent = [shards.tensor_checksum(*s) for s in shards.checksums_of(exports)]

@@ -1,0 +1,99 @@
+"""QUANTIZERS: the format of the sampler copy's matmul kernels, applied when the trainer exports its weights to
+the sampler (`rl.sync.quantizer`; the export of rlkit/sync/backends.py; FP4 rollout, methods/systems.md §1).
+
+  e = export(master):  a matmul kernel W  ->  quantizer.kernel(W, in_axes, sync.dtype)
+                       another floating leaf  ->  W cast to sync.dtype (RNE, `astype`; '' keeps its dtype)
+                       any other leaf  ->  as is
+
+Entries (ours):
+  none  no quantizer: the kernels are cast to sync.dtype like every other floating leaf. The default, and
+        the export of before this registry; with sync.dtype = '' the float32 master as is.
+  bf16  the kernels cast to bfloat16 (RNE), whatever sync.dtype: with the default sync.dtype = 'bfloat16'
+        bit for bit the export of `none`; with sync.dtype = 'float32', bf16 weights beside f32 norms.
+  int8  weight-only int8, symmetric, one float32 scale per output channel (rlkit/quant/int8.py); the
+        sampler's weight matmul multiplies the codes and scales the result (the hook in
+        rlkit/models/matmul.py). The sampler still computes in sync.dtype (W8A16 with the default).
+
+Matmul kernels (`kernel_inputs`): the projections of `rlkit.models.lora.VIEWS` (attn qkv, o; mlp gate_up,
+down; their leading axes are the inputs) and an untied `lm_head` [D, V]. Not quantized: norms, biases, the
+embedding (a gather, and a tied LM head), LoRA adapters (unmerged sampling), the MoE experts and router (the
+grouped matmul, `lax.ragged_dot` in rlkit/models/transformer.py, has no hook yet; TRACE quantizes the
+experts, which needs one, and keeps routers in bf16).
+
+A quantized kernel is a `QuantizedWeight` pytree, so the export has more leaves than the master (int8 codes,
+float32 scales); every sync backend sends them like any other leaf (sparse_delta: the bits that changed,
+a code flip or a scale's last bits; tests/quant/test_quantizers.py syncs int8 both ways). `export_shardings`
+lays them out: each part of a kernel takes the kernel's sharding, with the dims it cannot split replicated.
+
+A new format (FP4): a QuantizedWeight subclass with its `matmul`, and `QUANTIZERS.add(name, Quantizer(...))`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from rlkit.core.registry import Registry
+from rlkit.models.lora import VIEWS
+from rlkit.models.matmul import QuantizedWeight
+from rlkit.parallel.rules import fit_spec, path_str
+from rlkit.quant.int8 import quantize_int8
+
+Array = jax.Array
+
+
+class Quantizer(NamedTuple):
+  """kernel(W, in_axes, dtype) -> the sampler's leaf for matmul kernel W (its leading `in_axes` axes are the
+  inputs; `dtype`: sync.dtype, the dtype the leaf should present, '' for W's own). None: no quantizer."""
+  kernel: Optional[Callable[[Array, int, str], Any]]
+
+
+QUANTIZERS: Registry[Quantizer] = Registry("quantizer")
+QUANTIZERS.add("none", Quantizer(None))
+QUANTIZERS.add("bf16", Quantizer(lambda w, in_axes, dtype: w.astype(jnp.bfloat16)))
+QUANTIZERS.add("int8", Quantizer(quantize_int8))
+
+
+def kernel_inputs(path) -> int:
+  """How many leading axes of the leaf at `path` (a pytree key path) a matmul contracts: 0 when it is not a
+  matmul kernel the quantizers convert (module docstring)."""
+  keys = path_str(path).split("/")
+  if keys[-1] == "lm_head":
+    return 1
+  return VIEWS.get(tuple(keys[-2:]), 0)
+
+
+def cast(x: Array, dtype: str) -> Array:
+  """A floating leaf cast to `dtype` (RNE, as `astype`); other leaves, and any leaf for dtype '', as they are."""
+  return x.astype(jnp.dtype(dtype)) if dtype and jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+def export(params: Any, quantizer: str, dtype: str) -> Any:
+  """The sampler's representation of `params` (module docstring); pure, so jit it (rlkit.sync.export_params)."""
+  kernel = QUANTIZERS.get(quantizer).kernel
+
+  def one(path, x):
+    in_axes = kernel_inputs(path) if kernel is not None else 0
+    if in_axes and x.ndim > in_axes and jnp.issubdtype(x.dtype, jnp.floating):
+      return kernel(x, in_axes, dtype)
+    return cast(x, dtype)
+
+  return jax.tree_util.tree_map_with_path(one, params)
+
+
+def export_shardings(kernel_shardings: Any, exported: Any) -> Any:
+  """Shardings for the export `exported` (arrays or `jax.eval_shape`s) from those of the tree it was made
+  from (`kernel_shardings`: the master's own, or the sampler mesh's rules applied to the master's shapes):
+  a leaf keeps its sharding; each part of a QuantizedWeight takes its kernel's, with the dims it cannot
+  split (a scale's size-1 contracted axes) replicated (`rlkit.parallel.rules.fit_spec`)."""
+  def one(path, sharding, leaf):
+    if not isinstance(leaf, QuantizedWeight):
+      return sharding
+    if not isinstance(sharding, NamedSharding):
+      return jax.tree.map(lambda _: sharding, leaf)
+    name = path_str(path)
+    return jax.tree.map(lambda part: NamedSharding(sharding.mesh, fit_spec(sharding.spec, tuple(part.shape),
+                                                                           sharding.mesh, name)), leaf)
+  return jax.tree_util.tree_map_with_path(one, kernel_shardings, exported)
