@@ -2,19 +2,18 @@
 last stage, the final table and the curves as markdown (mean and min-max over seeds), and one PNG panel per
 metric. An experiment's summarize.py names its metrics and calls `summarize`.
 """
-import json
 import os
 
 import numpy as np
 
-from experiments.driver import last_eval, load_runs, spread, stage_done
+from experiments.driver import last_eval, load_runs, read_json, spread, stage_done
 from rlkit.train.metrics import read_metrics
 
 
 def load_arm(path: str, keys) -> dict:
   """The evaluations of the workdir's last stage: steps from that stage's start, each key's values, the sum of
   the training iterations' `step_s` and whether the stage reached its configured length."""
-  config = json.load(open(os.path.join(path, "config.json")))
+  config = read_json(os.path.join(path, "config.json"))
   stage = config["stages"][-1]
   offset = sum(config[s]["steps"] for s in config["stages"][:-1])
   every = read_metrics(os.path.join(path, "metrics.jsonl"))
@@ -31,7 +30,7 @@ def load_with_training(path: str, keys, last=()) -> dict:
   mean over the iterations since the previous evaluation (the keys in `last`: their value at the step, e.g. a
   running count)."""
   run = load_arm(path, [k for k in keys if k.startswith("eval/")])
-  config = json.load(open(os.path.join(path, "config.json")))
+  config = read_json(os.path.join(path, "config.json"))
   stage, offset = config["stages"][-1], sum(config[s]["steps"] for s in config["stages"][:-1])
   rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step_s" in r and r.get("stage") == stage]
   for key in keys:
@@ -44,6 +43,18 @@ def load_with_training(path: str, keys, last=()) -> dict:
       start = step
     run["values"][key] = values
   return run
+
+
+def over_seeds(columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Per column (one value per seed, NaN where the seed has none): the mean, min and max over the seeds that have
+  a value, and NaN for a column none has (a metric an arm does not log, an evaluation a seed has not reached yet),
+  where numpy's nan-functions would warn about an all-NaN slice."""
+  stats = []
+  for column in columns:
+    x = np.asarray(column, float)
+    x = x[~np.isnan(x)]
+    stats.append((x.mean(), x.min(), x.max()) if x.size else (np.nan,) * 3)
+  return tuple(np.array([s[i] for s in stats], float) for i in range(3))
 
 
 def summarize(root: str, arms, seeds, metrics: dict, out_png: str, title: str, base: str = "sft",
@@ -74,8 +85,8 @@ def summarize(root: str, arms, seeds, metrics: dict, out_png: str, title: str, b
     print(f"\n{label} at each evaluation (mean over seeds):\n")
     print("| arm | " + " | ".join(map(str, steps)) + " |\n|---|" + "---|" * len(steps))
     for arm, by_seed in runs.items():
-      cells = [np.nanmean([r["values"][key][i] for r in by_seed.values() if i < len(r["steps"])] or [np.nan])
-               for i in range(len(steps))]
+      cells, _, _ = over_seeds([[r["values"][key][i] for r in by_seed.values() if i < len(r["steps"])]
+                                for i in range(len(steps))])
       print(f"| {arm} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
   plot(runs, metrics, out_png, title)
   return runs
@@ -93,11 +104,10 @@ def plot(runs: dict, metrics: dict, out: str, title: str) -> None:
       if not rs:
         continue
       n = min(len(r["steps"]) for r in rs)
-      v = np.array([r["values"][key][:n] for r in rs], float)
-      ax.plot(rs[0]["steps"][:n], np.nanmean(v, 0), marker="o", ms=3, color=colors[c % len(colors)], label=arm)
+      mean, lo, hi = over_seeds(np.array([r["values"][key][:n] for r in rs], float).T)
+      ax.plot(rs[0]["steps"][:n], mean, marker="o", ms=3, color=colors[c % len(colors)], label=arm)
       if len(rs) > 1:
-        ax.fill_between(rs[0]["steps"][:n], np.nanmin(v, 0), np.nanmax(v, 0), color=colors[c % len(colors)],
-                        alpha=0.15)
+        ax.fill_between(rs[0]["steps"][:n], lo, hi, color=colors[c % len(colors)], alpha=0.15)
     ax.set(title=label, xlabel="step of the arm's last stage")
     ax.grid(alpha=0.3)
   axes[0][0].legend(fontsize=8)

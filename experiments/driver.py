@@ -1,6 +1,8 @@
 """What the experiment drivers and summarisers share: one `launch.py` subprocess per run, each into its own
 workdir, skipped when finished and resumed when not, with its wall time and exit status appended to
-ROOT/runs.jsonl (`command_walls` reads them back); `spread` formats a mean and min-max over seeds.
+ROOT/runs.jsonl (`command_walls` reads them back); `spread` formats a mean and min-max over seeds. A summariser
+writes its plots into the run root unless `--out` says otherwise (`summary_path`), and prints "smoke run" where
+a verdict would be for quick runs (`verdict_or_smoke`).
 
 A workdir is finished when its last stage evaluated its last step, or the step where an SFT stage stopped
 early (`stop_at_loss`; `stage_done`). An unfinished one is rerun with the same command, which resumes it from
@@ -16,6 +18,13 @@ import time
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE_RUN = "smoke run"      # what a summary of quick runs prints where a verdict would be
+
+
+def read_json(path: str):
+  """The JSON document at `path` (closed at once: an open file left to the garbage collector is a ResourceWarning)."""
+  with open(path) as f:
+    return json.load(f)
 
 
 def stage_done(config: dict, rows: list) -> bool:
@@ -35,8 +44,9 @@ def stage_done(config: dict, rows: list) -> bool:
 
 def finished(path: str) -> bool:
   try:
-    config = json.load(open(os.path.join(path, "config.json")))
-    rows = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl")) if line.strip()]
+    config = read_json(os.path.join(path, "config.json"))
+    with open(os.path.join(path, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
   except (OSError, ValueError):
     return False
   return stage_done(config, rows)
@@ -68,9 +78,10 @@ def command_walls(root: str) -> dict:
   """{workdir: its commands' wall seconds} from ROOT/runs.jsonl (a resumed run's parts add up)."""
   walls = {}
   try:
-    for line in open(os.path.join(root, "runs.jsonl")):
-      r = json.loads(line)
-      walls[r["workdir"]] = walls.get(r["workdir"], 0.0) + r["wall_s"]
+    with open(os.path.join(root, "runs.jsonl")) as f:
+      for line in f:
+        r = json.loads(line)
+        walls[r["workdir"]] = walls.get(r["workdir"], 0.0) + r["wall_s"]
   except OSError:
     pass
   return walls
@@ -127,6 +138,37 @@ def report(tag: str, failed: list) -> int:
   if failed:
     print(f"[{tag}] failed: {', '.join(failed)}", flush=True)
   return 1 if failed else 0
+
+
+def add_summary_args(p: argparse.ArgumentParser, quick: str = "", one_plot: bool = True) -> None:
+  """A summariser's `--out` (see `summary_path`; a .png only where `one_plot`) and, given `quick` (what the flag
+  selects), its `--quick`."""
+  def folder(value: str) -> str:
+    if value.endswith(".png") and not one_plot:
+      raise argparse.ArgumentTypeError(f"{value!r}: this summary writes several plots; pass a folder")
+    return value
+
+  p.add_argument("--out", default="", type=folder, help="folder of the plots" + (", or the .png of the plot" if
+                 one_plot else "") + " (default: the run root; pass experiments/<method> to refresh the committed "
+                 "plots on purpose)")
+  if quick:
+    p.add_argument("--quick", action="store_true", help=f"{quick}: smoke runs, so '{SMOKE_RUN}' is printed "
+                   "instead of verdicts")
+
+
+def summary_path(out: str, root: str, name: str) -> str:
+  """Where a summariser writes its plot `name`: into the folder `out`, or the run root `root` without one. Never
+  into the repository by default: a summary of a smoke run, or of someone else's runs, must not overwrite the
+  plot a committed results.md shows. An `out` ending in .png is the plot's own path (a one-plot summary)."""
+  path = out if out.endswith(".png") else os.path.join(out or root, name)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  return path
+
+
+def verdict_or_smoke(verdict: str, smoke: bool) -> str:
+  """A pre-registered verdict, or SMOKE_RUN for a smoke run: its sizes are too small for the rule to mean
+  anything, and a verdict printed from one reads like a result."""
+  return SMOKE_RUN if smoke else verdict
 
 
 def last_eval(path: str):

@@ -1,6 +1,6 @@
 """Summarise experiments/baselines: the results table (markdown, printed) and a PNG of the curves.
 
-  python experiments/baselines/summarize.py --root=/tmp/baselines [--quick] [--seeds=0,1,2] [--out=FILE.png]
+  python experiments/baselines/summarize.py --root=/tmp/baselines [--quick] [--seeds=0,1,2] [--out=DIR|FILE.png]
 
 Reads DIR/sft_s<seed> (iteration 0: the SFT checkpoint's held-out greedy accuracy) and every
 DIR/<variant>[_quick]_s<seed> workdir that exists (config.json, metrics.jsonl; DIR/runs.jsonl for the command
@@ -8,10 +8,10 @@ wall time). Per variant, over the seeds found: final held-out greedy accuracy (m
 SFT, pass@4, training time (the sum of the RL iterations' `step_s`: sampling, scoring and updates, first-step
 compilation included, evaluations excluded), the median iteration time, the sampled wrong answers' mean length
 (`response_len_wrong`) over the first and the last tenth of the iterations, and the largest `clip_frac` of any
-iteration (0 means no clip or gate was ever active). Writes the plot to experiments/baselines/accuracy[_quick].png.
+iteration (0 means no clip or gate was ever active). Writes the plot to DIR/accuracy[_quick].png, or into --out.
+With --quick (the `<variant>:quick` runs) the tables are headed "smoke run": no claim rests on them.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -20,13 +20,13 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.baselines import VARIANTS  # noqa: E402
-from experiments.driver import command_walls, spread  # noqa: E402
+from experiments.driver import SMOKE_RUN, add_summary_args, command_walls, read_json, spread, summary_path  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 
 def load_run(path: str, sft_eval: dict) -> dict:
   rows = read_metrics(os.path.join(path, "metrics.jsonl"))
-  config = json.load(open(os.path.join(path, "config.json")))
+  config = read_json(os.path.join(path, "config.json"))
   train = [r for r in rows if r.get("stage") == "rl" and "step_s" in r]
   evals = [r for r in rows if r.get("stage") == "rl" and "eval/accuracy" in r]
   clock = dict(zip([r["step"] for r in train], np.cumsum([r["step_s"] for r in train])))
@@ -46,9 +46,8 @@ def load_run(path: str, sft_eval: dict) -> dict:
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="/tmp/baselines")
-  p.add_argument("--quick", action="store_true")
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--out", default="")
+  add_summary_args(p, quick="read the <variant>_quick_s<seed> workdirs (run.py --quick)")
   args = p.parse_args(argv)
   walls = command_walls(args.root)
   tag = "_quick" if args.quick else ""
@@ -63,6 +62,8 @@ def main(argv=None) -> None:
       path = os.path.join(args.root, f"{v}{tag}_s{seed}")
       if os.path.exists(os.path.join(path, "metrics.jsonl")):
         runs.setdefault(v, {})[seed] = dict(load_run(path, sfts[seed]), wall=walls.get(path, np.nan))
+  if args.quick:
+    print(f"{SMOKE_RUN}: the <variant>:quick presets, too short for the README's comparisons\n")
   print("| seed | SFT steps | SFT greedy acc | SFT pass@4 | SFT command wall (s) |\n|---|---|---|---|---|")
   for seed, e in sfts.items():
     print(f"| {seed} | {e['step']} | {e['eval/accuracy']:.3f} | {e.get('eval/pass@4', np.nan):.3f} | "
@@ -92,7 +93,7 @@ def main(argv=None) -> None:
       xs = [r["acc"][i] for r in by_seed.values() if i < len(r["acc"])]
       cells.append(f"{np.mean(xs):.3f}" if xs else "")
     print(f"| {v} | " + " | ".join(cells) + " |")
-  plot(runs, args.out or os.path.join(HERE, f"accuracy{tag}.png"), args.quick)
+  plot(runs, summary_path(args.out, args.root, f"accuracy{tag}.png"), args.quick)
 
 
 def plot(runs: dict, out: str, quick: bool) -> None:

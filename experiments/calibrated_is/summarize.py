@@ -1,10 +1,13 @@
 """Summarise a calibrated_is run: markdown tables, the pre-registered verdict, and grad_mse.png.
 
-  python experiments/calibrated_is/summarize.py /tmp/calibrated_is [--out=experiments/calibrated_is]
+  python experiments/calibrated_is/summarize.py /tmp/calibrated_is [--out=OUT_DIR]
 
 Reads DIR/results.jsonl (run.py's lines; the last line of each key wins, so reruns of a part replace its rows),
 prints the tables and the verdict (paste them into results.md) and writes grad_mse.png (and reward_curves.png
-when the curves part ran) into --out. The decision rules are README.md's, fixed before any run:
+when the curves part ran) into DIR, or into OUT_DIR (the committed plots: --out=experiments/calibrated_is). When
+the newest run.py command that computed gradients was a `--quick` one, the verdict reads "smoke run": its
+sizes decide nothing.
+The decision rules are README.md's, fixed before any run:
 d_b = nmse(calibrated) - nmse(token_tis) on the same batch, pooled over seeds and batches; "lower" if
 mean(d) + 2 SE < 0; "tie" if |r| + 2 SE_r <= 0.05 with r = mean(d) / mean(nmse(token_tis)).
 """
@@ -12,8 +15,12 @@ import argparse
 import collections
 import json
 import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from experiments.driver import add_summary_args, summary_path, verdict_or_smoke  # noqa: E402
 
 ARMS = ("none", "token_tis", "seq_tis", "seq_mis", "geo_mis", "icepop", "calibrated")
 NOISE_KINDS = ("uniform", "tail")
@@ -22,9 +29,10 @@ TIE_MARGIN = 0.05
 
 def load(workdir):
   rows = {}
-  for line in open(os.path.join(workdir, "results.jsonl")):
-    row = json.loads(line)
-    rows[row["key"]] = row
+  with open(os.path.join(workdir, "results.jsonl")) as f:
+    for line in f:
+      row = json.loads(line)
+      rows[row["key"]] = row
   by_type = collections.defaultdict(list)
   for row in rows.values():
     by_type[row["type"]].append(row)
@@ -88,11 +96,11 @@ def table(title, header, lines):
     print("| " + " | ".join(line) + " |")
 
 
-def main():
-  p = argparse.ArgumentParser()
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("workdir")
-  p.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
-  a = p.parse_args()
+  add_summary_args(p, one_plot=False)
+  a = p.parse_args(argv)
   t = load(a.workdir)
   grads, batches = t["grad"], t["batch"]
   settings = settings_of(grads)
@@ -166,6 +174,10 @@ def main():
   tail = [calls[s][0] for s in settings if s[0] == "tail"]
   uniform = [calls[s][1] for s in settings if s[0] == "uniform"]
   verdict = "supported" if all(tail) and all(uniform) else "not supported" if not any(tail) else "mixed"
+  # The gradient rows are the newest grad command's: a full one rewrites every key a quick one wrote (its
+  # seeds, settings and batch indices are a subset of the full sizes').
+  grad_runs = [r for r in t["wall"] if r["part"] in ("all", "grad")]
+  verdict = verdict_or_smoke(verdict, bool(grad_runs) and grad_runs[-1]["quick"])
   print(f"\ntail: lower at {sum(tail)} of {len(tail)} strengths; uniform: tie at {sum(uniform)} of {len(uniform)} "
         f"strengths\nVERDICT: {verdict}")
 
@@ -220,7 +232,7 @@ def main():
   axes[0, 1].legend(fontsize=8)
   axes[2, 1].legend(fontsize=8)
   fig.tight_layout()
-  out = os.path.join(a.out, "grad_mse.png")
+  out = summary_path(a.out, a.workdir, "grad_mse.png")
   fig.savefig(out, dpi=100)
   print(f"wrote {out}")
   if curves:
@@ -233,7 +245,7 @@ def main():
       ax.grid(alpha=0.3)
       ax.legend(fontsize=7)
     fig.tight_layout()
-    out = os.path.join(a.out, "reward_curves.png")
+    out = summary_path(a.out, a.workdir, "reward_curves.png")
     fig.savefig(out, dpi=100)
     print(f"wrote {out}")
 

@@ -1,6 +1,6 @@
 """Summarise experiments/drm: the reward heads against the true rating distributions, and the RL arms.
 
-  python experiments/drm/summarize.py --root=/tmp/drm [--seeds=0,1,2]
+  python experiments/drm/summarize.py --root=/tmp/drm [--seeds=0,1,2] [--out=DIR]
 
 Heads (DIR/sft_s<seed>/reward_model/rm_<head>): the reward_model stage logs W1 and CRPS against each held-out
 example's 8 observed ratings only, and writes no per-example samples, so this script scores the heads itself.
@@ -29,7 +29,8 @@ pipeline); `best point` the true mean (the best a scalar head can do in W1 up to
 
 RL arms (experiments/arm_tables.py): accuracy, the share of controversial (verbose) greedy answers, their true
 mean and 10% quantile rating, the response length.
-Writes curves.png (RL) and densities.png (each head's samples on one controversial and one consensus example).
+Writes curves.png (RL) and densities.png (each head's samples on one controversial and one consensus example)
+into DIR, or into --out.
 """
 import argparse
 import json
@@ -44,12 +45,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.drm import ARMS, HEADS, RISK_LEVEL  # noqa: E402
 from experiments.arm_tables import save_figure, summarize  # noqa: E402
-from experiments.driver import spread  # noqa: E402
+from experiments.driver import add_summary_args, read_json, spread, summary_path  # noqa: E402
 from rlkit.data import make_task  # noqa: E402
 from rlkit.data.annotated import midpoint_levels, mixture_pdf, mixture_quantiles  # noqa: E402
 from rlkit.data.splits import generate_splits  # noqa: E402
 from rlkit.rewards import reward_metrics as M  # noqa: E402
-from rlkit.rewards.reward_heads import head_spec  # noqa: E402
+from rlkit.rewards.head_catalog import head_spec  # noqa: E402
 from rlkit.rewards.reward_model import embed, load_head  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 from rlkit.train.models import Model, load_model  # noqa: E402
@@ -150,7 +151,7 @@ def stage_w1(workdir: str, stage: str) -> float:
 
 def score_seed(workdir: str, seed: int) -> tuple[dict, dict]:
   """{row: metrics} for every head in the workdir plus the reference rows, and the densities plot's data."""
-  config = json.load(open(os.path.join(workdir, "config.json")))
+  config = read_json(os.path.join(workdir, "config.json"))
   task, examples = held_out(config)
   decoder = Model(*load_model(workdir), False)
   prompts = [e["prompt"] for e in examples]
@@ -220,7 +221,7 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="/tmp/drm")
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--out", default=HERE, help="folder of curves.png and densities.png")
+  add_summary_args(p, one_plot=False)
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
   by_seed, shown = {}, None
@@ -232,9 +233,9 @@ def main(argv=None) -> None:
   print("Reward heads on the held-out examples, against the true distributions (mean and min-max over seeds):\n")
   head_table(by_seed)
   if shown:
-    plot_densities(shown[1], os.path.join(args.out, "densities.png"), shown[0])
+    plot_densities(shown[1], summary_path(args.out, args.root, "densities.png"), shown[0])
   print("\nRL arms (the sft row: the SFT policy, evaluated at the end of its last reward-model stage):\n")
-  summarize(args.root, ARMS, seeds, RL_METRICS, os.path.join(args.out, "curves.png"), "drm")
+  summarize(args.root, ARMS, seeds, RL_METRICS, summary_path(args.out, args.root, "curves.png"), "drm")
 
 
 if __name__ == "__main__":

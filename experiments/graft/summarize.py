@@ -1,6 +1,6 @@
 """Summarise experiments/graft: the results tables (markdown, printed) and a PNG of per-skill accuracy.
 
-  python experiments/graft/summarize.py --root=/tmp/graft [--seeds=0,1,2] [--out=FILE.png]
+  python experiments/graft/summarize.py --root=/tmp/graft [--seeds=0,1,2] [--out=DIR|FILE.png]
 
 Reads DIR/sft_{add,sub}_s<seed> (each SFT run's own-task evaluation) and every DIR/<arm>_s<seed> that exists
 (config.json, metrics.jsonl). For A (the policy, trained on additions) and B
@@ -8,10 +8,9 @@ Reads DIR/sft_{add,sub}_s<seed> (each SFT run's own-task evaluation) and every D
 per operator at every evaluation and at the end, and the training time (the sum of the iterations'
 `step_s`: both models' sampling and updates; evaluations excluded); per direction the groups rescued, grafted rows, rows kept
 and tokens kept / rejected (sums over iterations); the largest gradient norm and the number of iterations
-above 5x the run's median gradient norm. Writes the plot to experiments/graft/accuracy.png.
+above 5x the run's median gradient norm. Writes the plot to DIR/accuracy.png, or into --out.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -20,7 +19,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.graft import ARMS, SFT_OPS  # noqa: E402
-from experiments.driver import last_eval, load_runs, spread  # noqa: E402
+from experiments.driver import add_summary_args, last_eval, load_runs, read_json, spread, summary_path  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 MODELS = {"A": "", "B": "peer/"}           # metric prefix of each model
@@ -31,7 +30,7 @@ COUNTS = ("groups_rescued", "rows", "rows_kept", "tokens_kept", "tokens_rejected
 def load_arm(path: str) -> dict:
   rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if r.get("stage") == "graft"]
   train = [r for r in rows if "step_s" in r]
-  steps = json.load(open(os.path.join(path, "config.json")))["graft"]["steps"]
+  steps = read_json(os.path.join(path, "config.json"))["graft"]["steps"]
   out = {"done": any("eval/accuracy" in r and r["step"] == steps for r in rows),
          "train_s": float(sum(r["step_s"] for r in train))}
   for m, pre in MODELS.items():
@@ -51,7 +50,7 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="/tmp/graft")
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--out", default="")
+  add_summary_args(p)
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
   print("| seed | model | SFT task | SFT steps | SFT greedy acc (own task) |\n|---|---|---|---|---|")
@@ -89,7 +88,7 @@ def main(argv=None) -> None:
         cells = [np.nanmean([r[m]["acc"][op][i] for r in by_seed.values() if i < len(r[m]["acc"][op])])
                  for i in range(len(steps))]
         print(f"| {arm} | {m} on {op} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
-  plot(runs, args.out or os.path.join(HERE, "accuracy.png"))
+  plot(runs, summary_path(args.out, args.root, "accuracy.png"))
 
 
 def plot(runs: dict, out: str) -> None:

@@ -1,23 +1,24 @@
 """Summarise grpo_arith runs: a markdown table of held-out accuracy per seed and a PNG of the curves.
 
-  python experiments/grpo_arith/summarize.py /tmp/grpo_arith_s0 /tmp/grpo_arith_s1 /tmp/grpo_arith_s2
+  python experiments/grpo_arith/summarize.py /tmp/grpo_arith_s0 /tmp/grpo_arith_s1 /tmp/grpo_arith_s2 [--out=DIR]
 
 Reads each workdir's config.json and metrics.jsonl; prints the table (paste it into results.md) and writes
-experiments/grpo_arith/accuracy.png.
+accuracy.png into the folder the workdirs share (/tmp above; a lone workdir: itself), or where --out says.
 """
-import json
+import argparse
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from experiments.driver import add_summary_args, read_json, summary_path  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 
 def load(workdir):
   rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-  config = json.load(open(os.path.join(workdir, "config.json")))
+  config = read_json(os.path.join(workdir, "config.json"))
   evals = [r for r in rows if "eval/accuracy" in r]
   sft = [r for r in evals if r["stage"] == "sft"][-1]
   rl = [r for r in evals if r["stage"] == "rl"][-1]
@@ -26,8 +27,12 @@ def load(workdir):
           "sft_steps_reserved": config["sft"]["steps"], "stop_at_loss": config["sft"].get("stop_at_loss", 0.0)}
 
 
-def main(workdirs):
-  runs = [load(w) for w in workdirs]
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("workdirs", nargs="+")
+  add_summary_args(p)
+  args = p.parse_args(argv)
+  runs = [load(w) for w in args.workdirs]
   pk = next(k for k in runs[0]["rl"] if k.startswith("eval/pass@"))
   print(f"| seed | SFT steps | SFT greedy acc | RL greedy acc | gain (points) | SFT {pk[5:]} | RL {pk[5:]} | "
         "train+eval steps (s) |")
@@ -67,10 +72,10 @@ def main(workdirs):
     ax.grid(alpha=0.3)
   axes[1].legend()
   fig.tight_layout()
-  out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accuracy.png")
+  out = summary_path(args.out, os.path.commonpath([os.path.abspath(w) for w in args.workdirs]), "accuracy.png")
   fig.savefig(out, dpi=100)
   print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  main()

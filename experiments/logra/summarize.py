@@ -1,11 +1,13 @@
 """Summarise experiments/logra: the results tables (markdown, printed), the pre-registered verdicts and a PNG.
 
-  python experiments/logra/summarize.py --root=/tmp/logra [--seeds=0,1,2] [--memory=FILE.jsonl] [--out=FILE.png]
+  python experiments/logra/summarize.py --root=/tmp/logra [--seeds=0,1,2] [--memory=FILE.jsonl] [--out=DIR|FILE.png]
 
 Reads DIR/sft_s<seed> (the base policy) and every DIR/<arm>_s<seed> that exists; the metrics are those the
 README pre-registered (experiments/arm_tables.py prints and plots them). Then each arm's final held-out greedy
 accuracy against `adamw`'s, seed by seed, with the verdict rule fixed in the README (`verdict`), and, given
-`--memory` (the JSON lines of `benchmarks/memory.py`), each arm's compiled-step memory beside it.
+`--memory` (the JSON lines of `benchmarks/memory.py`), each arm's compiled-step memory beside it. The plot goes
+to DIR/curves.png, or where --out says. Where any arm ran the `<arm>:quick` preset (QUICK_STEPS iterations), every
+verdict reads "smoke run".
 """
 import argparse
 import json
@@ -16,8 +18,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from configs.logra import ARMS  # noqa: E402
+from configs.logra import ARMS, QUICK_STEPS  # noqa: E402
 from experiments.arm_tables import load_with_training, summarize  # noqa: E402
+from experiments.driver import SMOKE_RUN, add_summary_args, read_json, summary_path, verdict_or_smoke  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 METRICS = {"accuracy": "eval/accuracy", "pass@4": "eval/pass@4", "train reward": "reward",
@@ -69,24 +72,40 @@ def kl_verdict(stats: list) -> str:
   return "supported" if ok else "not supported"
 
 
+def smoke_runs(root: str, seeds) -> list[str]:
+  """The workdirs ROOT/<arm>_s<seed> whose RL stage was configured for QUICK_STEPS iterations (`<arm>:quick`)."""
+  quick = []
+  for arm in ARMS:
+    for seed in seeds:
+      path = os.path.join(root, f"{arm}_s{seed}", "config.json")
+      if os.path.exists(path) and read_json(path)["rl"]["steps"] == QUICK_STEPS:
+        quick.append(os.path.dirname(path))
+  return quick
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="/tmp/logra")
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--memory", default="", help="JSON lines of benchmarks/memory.py (one per configuration)")
-  p.add_argument("--out", default=os.path.join(HERE, "curves.png"))
+  add_summary_args(p)
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
-  runs = summarize(args.root, ARMS, seeds, METRICS, args.out, "logra",
+  smoke = smoke_runs(args.root, seeds)
+  if smoke:
+    print(f"{SMOKE_RUN}: {', '.join(smoke)} ran the :quick preset ({QUICK_STEPS} iterations)\n")
+  judge = lambda v: verdict_or_smoke(v, bool(smoke))  # noqa: E731
+  runs = summarize(args.root, ARMS, seeds, METRICS, summary_path(args.out, args.root, "curves.png"), "logra",
                    load=lambda path, keys: load_with_training(path, keys))
   final = {arm: {s: r["values"]["eval/accuracy"][-1] for s, r in by.items() if r["steps"] and r["done"]}
            for arm, by in runs.items()}
   memory = {}
   if args.memory:
-    for line in open(args.memory):
-      if line.strip().startswith("{"):
-        r = json.loads(line)
-        memory[r["config"]] = r
+    with open(args.memory) as f:
+      for line in f:
+        if line.strip().startswith("{"):
+          r = json.loads(line)
+          memory[r["config"]] = r
   print(f"\nFinal accuracy minus adamw's, per seed (finished runs; verdict margin {MARGIN:.2f}):\n")
   print("| arm | " + " | ".join(f"seed {s}" for s in seeds) +
         " | mean | verdict | step memory vs adamw (total, live) |")
@@ -99,7 +118,8 @@ def main(argv=None) -> None:
     m = memory.get(MEMORY_NAMES.get(arm, arm))
     mem = f"{m['total_vs_adamw']:.3f}, {m['live_vs_adamw']:.3f}" if m else "-"
     mean = f"{np.mean(diffs):+.3f}" if diffs else "-"
-    print(f"| {arm} | " + " | ".join(cells) + f" | {mean} | {verdict(diffs) if arm != 'adamw' else '(peer)'} | {mem} |")
+    call = judge(verdict(diffs)) if arm != "adamw" else "(peer)"
+    print(f"| {arm} | " + " | ".join(cells) + f" | {mean} | {call} | {mem} |")
   print(f"\nMedian iteration time (s), per seed, and its ratio to adamw's (prediction 5: LoGRA within "
         f"{COST_BOUND}x at every rank):\n")
   print("| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | ratio to adamw (per seed) |")
@@ -111,12 +131,13 @@ def main(argv=None) -> None:
     print(f"| {arm} | " + " | ".join(f"{med[arm][s]:.3f}" for s in seeds) + " | " +
           ", ".join(f"{r:.2f}" for r in ratios[arm]) + " |")
   cost = [r for arm in COST_ARMS for r in ratios[arm]]
-  print("\nverdict (prediction 5): " + ("-" if not cost else "supported" if max(cost) <= COST_BOUND else
-                                         f"not supported (largest ratio {max(cost):.2f})"))
+  print("\nverdict (prediction 5): " + judge("-" if not cost else "supported" if max(cost) <= COST_BOUND else
+                                               f"not supported (largest ratio {max(cost):.2f})"))
   diffs = [final[KL_ARM][s] - final["logra_r16"][s] for s in seeds
            if s in final.get(KL_ARM, {}) and s in final.get("logra_r16", {})]
   print(f"\n{KL_ARM} minus logra_r16 (prediction 7): " +
-        (f"{', '.join(f'{d:+.3f}' for d in diffs)}; mean {np.mean(diffs):+.3f}: {verdict(diffs)}" if diffs else "-"))
+        (f"{', '.join(f'{d:+.3f}' for d in diffs)}; mean {np.mean(diffs):+.3f}: {judge(verdict(diffs))}"
+         if diffs else "-"))
   print("\nKL-control prediction error, realised / predicted KL per applied step (prediction 6):\n")
   print("| seed | steps | median | 5th pct | 95th pct | share scaled down | skipped |")
   print("|---|---|---|---|---|---|---|")
@@ -127,7 +148,8 @@ def main(argv=None) -> None:
       stats.append(k)
       print(f"| {s} | {k['steps']} | {k['median']:.3f} | {k['p5']:.3f} | {k['p95']:.3f} | {k['scaled']:.2f} | "
             f"{k['skipped']} |")
-  print(f"\nverdict: {kl_verdict(stats)} (median in {KL_BAND}, 5th-95th percentiles in {KL_STEP_BAND}, every seed)")
+  print(f"\nverdict: {judge(kl_verdict(stats))} (median in {KL_BAND}, 5th-95th percentiles in {KL_STEP_BAND}, "
+        "every seed)")
 
 
 if __name__ == "__main__":

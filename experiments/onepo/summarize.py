@@ -1,6 +1,6 @@
 """Summarise experiments/onepo: the results tables (markdown, printed) and a PNG of the accuracy curves.
 
-  python experiments/onepo/summarize.py --root=/tmp/onepo [--seeds=0,1,2] [--out=FILE.png]
+  python experiments/onepo/summarize.py --root=/tmp/onepo [--seeds=0,1,2] [--out=DIR|FILE.png]
 
 Reads DIR/sft_s<seed> (the base policy's evaluation on its own task, which is the `base` set) and every
 DIR/<arm>_s<seed> that exists (config.json, metrics.jsonl). Per arm,
@@ -8,10 +8,9 @@ over the seeds found: held-out greedy accuracy on the hard task, the base skill 
 RL evaluation; the annealed arm's change after its guidance ends; the training token entropy over the first and
 last tenth of the RL iterations; teacher tokens trained on and the policy's mean probability of them; the RL
 training time (the sum of the iterations' `step_s`, evaluations excluded).
-Writes the plot to experiments/onepo/accuracy.png.
+Writes the plot to DIR/accuracy.png, or into --out.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -20,14 +19,14 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.onepo import ANNEAL, ARMS  # noqa: E402
-from experiments.driver import last_eval, load_runs, spread  # noqa: E402
+from experiments.driver import add_summary_args, last_eval, load_runs, read_json, spread, summary_path  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 SETS = {"hard": "eval/accuracy", "base": "eval/base/accuracy", "long": "eval/long/accuracy"}
 
 
 def load_arm(path: str) -> dict:
-  config = json.load(open(os.path.join(path, "config.json")))
+  config = read_json(os.path.join(path, "config.json"))
   offset = sum(config[s]["steps"] for s in config["stages"][:-1])      # the RL stage's global step 0
   rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if r.get("stage") == "rl"]
   evals = [r for r in rows if "eval/accuracy" in r]
@@ -53,7 +52,7 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="/tmp/onepo")
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--out", default="")
+  add_summary_args(p)
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
   print("| seed | SFT steps | base policy's greedy acc (1-2 digits) |\n|---|---|---|")
@@ -91,7 +90,7 @@ def main(argv=None) -> None:
       cells = [np.nanmean([r["acc"][s][i] for r in by_seed.values() if i < len(r["acc"][s])])
                for i in range(len(steps))]
       print(f"| {arm} | {s} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
-  plot(runs, args.out or os.path.join(HERE, "accuracy.png"))
+  plot(runs, summary_path(args.out, args.root, "accuracy.png"))
 
 
 def plot(runs: dict, out: str) -> None:

@@ -2,7 +2,7 @@
 the checkpoints: the trainer does not log them), the pre-registered tests (README.md), a PNG of the curves and
 one of recovery against overlap and against teacher accuracy.
 
-  python experiments/opd_scale/summarize.py --root=/tmp/opd_scale [--seeds=0,1,2] [--recompute]
+  python experiments/opd_scale/summarize.py --root=/tmp/opd_scale [--seeds=0,1,2] [--recompute] [--out=DIR]
 
 Overlap (README, "What is measured"): each student samples one response at temperature 1 (the distill stage's)
 to each of the first eval.num_examples held-out prompts (the set the runs evaluate on; key derived from the
@@ -14,14 +14,14 @@ likely next tokens of student and teacher on that prefix,
 plus the exact reverse KL(p_S || p_T) per position (the full vocabulary, temperature 1) and the mean sampled
 gap log p_T(y) - log p_S(y) (the mean OPD advantage). "initial": the student's SFT checkpoint against the
 teacher; "final": the distilled student (the arm's last checkpoint) on its own samples. Cached in
-DIR/overlaps.json (--recompute redoes them).
+DIR/overlaps.json (--recompute redoes them). The plots, curves.png and recovery.png, go to DIR, or where --out
+says.
 """
 import argparse
 import functools
 import json
 import os
 import sys
-import warnings
 
 import numpy as np
 
@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.opd_scale import ARMS, STUDENT_WIDTHS, TEACHER_WIDTHS, TEACHERS  # noqa: E402
 from experiments.arm_tables import load_with_training, save_figure, summarize  # noqa: E402
-from experiments.driver import last_eval, spread  # noqa: E402
+from experiments.driver import add_summary_args, last_eval, read_json, spread, summary_path  # noqa: E402
 from experiments.opd_scale.run import student_path, teacher_path  # noqa: E402
 
 METRICS = {"held-out accuracy": "eval/accuracy", "sample reward (T=1)": "reward", "entropy": "entropy",
@@ -87,7 +87,7 @@ def student_states(student_dir: str, seed: int):
   from rlkit.data.pipeline import prompt_batch
   from rlkit.data.splits import generate_splits
   from rlkit.rollout.sampler import SamplingConfig, generate
-  config = json.load(open(os.path.join(student_dir, "config.json")))
+  config = read_json(os.path.join(student_dir, "config.json"))
   task = make_task(config["task"]["name"], **config["task"]["kwargs"])
   records = generate_splits(task, config["data"]["num_train"], config["data"]["num_test"], seed)["test"]
   records = records[:config["eval"]["num_examples"]]
@@ -113,7 +113,7 @@ def compare(student_dir: str, teacher_dir: str, seed: int) -> dict:
 def overlaps(root: str, seeds, recompute: bool) -> dict:
   """{(arm, seed): {"initial": metrics, "final": metrics or None}} for every arm workdir that finished."""
   cache_file = os.path.join(root, "overlaps.json")
-  cache = {} if recompute or not os.path.exists(cache_file) else json.load(open(cache_file))
+  cache = {} if recompute or not os.path.exists(cache_file) else read_json(cache_file)
   out = {}
   for seed in seeds:
     for arm, spec in ARMS.items():
@@ -319,18 +319,17 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="/tmp/opd_scale")
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--out", default=os.path.join(HERE, "curves.png"))
-  p.add_argument("--scatter", default=os.path.join(HERE, "recovery.png"))
+  add_summary_args(p, one_plot=False)
   p.add_argument("--recompute", action="store_true", help="recompute the overlaps (DIR/overlaps.json)")
   args = p.parse_args(argv)
-  warnings.filterwarnings("ignore", "Mean of empty slice")      # metrics an arm does not log (nan cells)
   seeds = [int(s) for s in args.seeds.split(",")]
   bases = {s: base_accuracy(args.root, s) for s in seeds}
   names = list(TEACHERS) + [f"s{w}" for w in STUDENT_WIDTHS]
   print("| seed | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
   for s, b in bases.items():
     print(f"| {s} | " + " | ".join(f"{b[n]:.3f}" for n in names) + " |")
-  runs = summarize(args.root, ARMS, seeds, METRICS, args.out, "opd_scale", base="", load=make_load(args.root))
+  runs = summarize(args.root, ARMS, seeds, METRICS, summary_path(args.out, args.root, "curves.png"), "opd_scale",
+                   base="", load=make_load(args.root))
   rows = pair_rows(runs, bases, overlaps(args.root, seeds, args.recompute))
   cols = ("acc_t", "acc0", "room", "acc1", "gain", "recovery", "overlap@1", "overlap@5", "hit@1", "hit@5",
           "reverse_kl", f"final {PRIMARY}")
@@ -343,7 +342,7 @@ def main(argv=None) -> None:
       print(f"| {arm} | {','.join(str(r['seed']) for r in mine)} | " + " | ".join(cells) + " |")
   tests(rows)
   if rows:
-    scatter(rows, args.scatter)
+    scatter(rows, summary_path(args.out, args.root, "recovery.png"))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Tables and the plot of experiments/sparse_sync (README.md says what is measured and why).
 
-  python experiments/sparse_sync/summarize.py --root=/tmp/sparse_sync [--out=experiments/sparse_sync]
+  python experiments/sparse_sync/summarize.py --root=/tmp/sparse_sync [--out=DIR|FILE.png]
 
 Prints markdown tables (per run: change rate, payload / dense, bit-exact and committed fractions, accuracy;
 per arm: median sync times; the payload-per-change law; the refit time projected against link bandwidth; the
-fault-injection pass) and writes OUT/sparse_sync.png.
+fault-injection pass) and writes ROOT/sparse_sync.png, or where --out says (the committed plot:
+--out=experiments/sparse_sync).
 """
 import argparse
 import json
@@ -49,10 +50,11 @@ def finished_walls(root: str) -> dict:
   """{workdir: wall seconds of its finished launch} from ROOT/runs.jsonl (the runs here were never resumed;
   a failed attempt was deleted and relaunched, so its record is not part of the run)."""
   walls = {}
-  for line in open(os.path.join(root, "runs.jsonl")):
-    r = json.loads(line)
-    if r["rc"] == 0 and r["finished"]:
-      walls[r["workdir"]] = r["wall_s"]
+  with open(os.path.join(root, "runs.jsonl")) as f:
+    for line in f:
+      r = json.loads(line)
+      if r["rc"] == 0 and r["finished"]:
+        walls[r["workdir"]] = r["wall_s"]
   return walls
 
 
@@ -151,7 +153,7 @@ def fault_lines(root: str) -> list:
   path = os.path.join(root, "faults.json")
   if not os.path.exists(path):
     return ["(no faults.json: run `run.py --part=faults`)"]
-  faults = json.load(open(path))
+  faults = driver.read_json(path)
   keys = ("tensor", "failed_acks", "detected", "committed", "baseline_kept", "bit_exact_after_fault",
           "bit_exact_after_resync", "next_sync_committed", "next_sync_bit_exact", "change_rate", "sparse_tensors")
   lines = ["| arm | steps | fault | " + " | ".join(keys) + " |", "|" + "---|" * (3 + len(keys))]
@@ -204,7 +206,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="/tmp/sparse_sync")
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+  driver.add_summary_args(p)
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
   runs = driver.load_runs(args.root, list(ARMS), seeds, load)
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
   for title, lines in sections:
     print(f"### {title}\n")
     print("\n".join(lines) + "\n")
-  out = os.path.join(args.out, "sparse_sync.png")
+  out = driver.summary_path(args.out, args.root, "sparse_sync.png")
   plot(runs, out)
   print(f"plot: {out}")
   return 0

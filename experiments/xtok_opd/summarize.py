@@ -1,6 +1,6 @@
 """Summarise experiments/xtok_opd: the results tables (markdown, printed) and a PNG of the curves.
 
-  python experiments/xtok_opd/summarize.py --root=/tmp/xtok_opd [--seeds=0,1,2] [--out=FILE.png]
+  python experiments/xtok_opd/summarize.py --root=/tmp/xtok_opd [--seeds=0,1,2] [--out=DIR|FILE.png]
 
 Reads DIR/teacher_s<seed>, DIR/student_s<seed> and every DIR/<arm>_s<seed> that exists. Printed: the base models
 per seed (the teacher at the end and at STUDENT_SFT_STEPS, which is the same-tokenizer student, and the
@@ -8,12 +8,12 @@ cross-tokenizer student), then experiments/arm_tables.py's final table and curve
 step 0 from its own student's accuracy; the alignment metrics are training metrics, shown at each evaluation as
 their mean over the iterations since the previous one. Last, the pre-registered comparisons, paired within each
 seed (README.md): final accuracy differences aligned - spans and both - aligned, each arm's gain over its own
-student, and gap recovery (acc - student) / (teacher - student).
+student, and gap recovery (acc - student) / (teacher - student). The plot goes to DIR/curves.png, or where --out
+says.
 """
 import argparse
 import os
 import sys
-import warnings
 
 import numpy as np
 
@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.xtok_opd import ARMS, STUDENT_SFT_STEPS  # noqa: E402
 from experiments.arm_tables import load_with_training, summarize  # noqa: E402
-from experiments.driver import last_eval, spread  # noqa: E402
+from experiments.driver import add_summary_args, last_eval, spread, summary_path  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 METRICS = {"held-out accuracy": "eval/accuracy", "aligned frac": "distill/aligned_frac",
@@ -106,16 +106,16 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="/tmp/xtok_opd")
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--out", default=os.path.join(HERE, "curves.png"))
+  add_summary_args(p)
   args = p.parse_args(argv)
-  warnings.filterwarnings("ignore", "Mean of empty slice")      # metrics an arm does not log (nan cells)
   seeds = [int(s) for s in args.seeds.split(",")]
   bases = {s: base_accuracy(args.root, s) for s in seeds}
   print(f"| seed | teacher (A) | teacher at step {STUDENT_SFT_STEPS} = same_tok's student (A) | student (B) |\n"
         "|---|---|---|---|")
   for s, b in bases.items():
     print(f"| {s} | {b['teacher']:.3f} | {b['student_a']:.3f} | {b['student_b']:.3f} |")
-  runs = summarize(args.root, ARMS, seeds, METRICS, args.out, "xtok_opd", base="", load=make_load(args.root))
+  runs = summarize(args.root, ARMS, seeds, METRICS, summary_path(args.out, args.root, "curves.png"), "xtok_opd",
+                   base="", load=make_load(args.root))
   comparisons(runs, bases)
 
 

@@ -36,6 +36,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from rlkit.models.lora import has_adapters, merge
+from rlkit.models.tokenizer import HFTokenizer
 from rlkit.models.transformer import Transformer, TransformerConfig, as_dtype
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen2", "llama")
@@ -44,6 +45,9 @@ _ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM
 _SINGLE_FILE, _INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 _FILE_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 _REQUIRED = object()
+# What `save(..., tokenizer=folder)` copies: the files transformers' tokenizers read, those present.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -371,16 +375,56 @@ def _atomic_dir(path: Path, overwrite: bool):
     raise
 
 
+def _tokenizer_files(tokenizer: Union[HFTokenizer, str, os.PathLike], vocab_size: int
+                     ) -> tuple[HFTokenizer, dict[str, Union[str, Path]]]:
+  """(the tokenizer, {file name: text to write, or a Path to copy}) of `save`'s `tokenizer` argument."""
+  if isinstance(tokenizer, (str, os.PathLike)):
+    source = Path(tokenizer)
+    tok = HFTokenizer(source)    # checks that it loads, and gives its stop ids
+    folder = source if source.is_dir() else source.parent
+    files = {name: folder / name for name in _TOKENIZER_FILES if (folder / name).is_file()}
+    files["tokenizer.json"] = source if source.is_file() else folder / "tokenizer.json"
+  elif isinstance(tokenizer, HFTokenizer):
+    tok = tokenizer
+    text = lambda i: tok._tok.id_to_token(i)  # noqa: E731  (the `tokenizers.Tokenizer` it wraps)
+    special = {"bos_token": tok.bos_id, "eos_token": tok.eos_id, "pad_token": tok.pad_id}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast",
+              # transformers would otherwise rewrite spaces around punctuation that `tokenizers` decodes as is.
+              "clean_up_tokenization_spaces": False,
+              **{k: text(i) for k, i in special.items() if i is not None}}
+    files = {"tokenizer.json": tok._tok.to_str(), "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
+  else:
+    raise TypeError(f"save: tokenizer={tokenizer!r} has no Hugging Face form; pass an HFTokenizer or the "
+                    "folder (or tokenizer.json) it was loaded from.")
+  if tok.vocab_size > vocab_size:
+    raise ValueError(f"save: the tokenizer's {tok.vocab_size} ids do not fit the model's vocab_size={vocab_size}; "
+                     "pass the tokenizer the model was trained with.")
+  return tok, files
+
+
 def save(path: Union[str, os.PathLike], module_or_cfg: Union[Transformer, TransformerConfig], params: dict,
          model_type: Optional[str] = None, max_shard_bytes: Optional[int] = None, overwrite: bool = False,
-         generation_config: Optional[dict] = None) -> Path:
+         generation_config: Optional[dict] = None,
+         tokenizer: Union[HFTokenizer, str, os.PathLike, None] = None) -> Path:
   """Writes a folder that `transformers.AutoModelForCausalLM.from_pretrained(path)` loads.
 
   `max_shard_bytes` splits the weights into `model-0000i-of-0000n.safetensors` plus an index json.
   The folder appears only when complete; an existing non-empty `path` needs `overwrite=True`. LoRA adapters
   in `params` are merged into their kernels first (`rlkit.models.lora.merge`).
+
+  `tokenizer` writes the tokenizer beside the weights, so that `HFTokenizer(path)` and
+  `transformers.AutoTokenizer.from_pretrained(path)` load it: a folder (or its tokenizer.json) has its
+  tokenizer files copied as they are (a chat template included); an `HFTokenizer` is written as its
+  tokenizer.json and a tokenizer_config.json naming its BOS, EOS and pad tokens. Either way, stop ids beyond
+  EOS go to generation_config.json's `eos_token_id` unless `generation_config` is given, so that
+  `HFTokenizer(path).stop_ids` and transformers' `generate` stop where the tokenizer did.
   """
   cfg = module_or_cfg.cfg if isinstance(module_or_cfg, Transformer) else module_or_cfg
+  tok_files = {}
+  if tokenizer is not None:
+    tok, tok_files = _tokenizer_files(tokenizer, cfg.vocab_size)
+    if generation_config is None and len(tok.stop_ids) > 1:
+      generation_config = {"eos_token_id": list(tok.stop_ids)}
   if has_adapters(params):
     params = merge(params)
   _check_tree(cfg, params)
@@ -395,6 +439,11 @@ def save(path: Union[str, os.PathLike], module_or_cfg: Union[Transformer, Transf
     (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     if generation_config is not None:
       (tmp / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
+    for name, content in tok_files.items():
+      if isinstance(content, Path):
+        shutil.copyfile(content, tmp / name)
+      else:
+        (tmp / name).write_text(content)
     if len(shards) == 1:
       save_file(shards[0], str(tmp / _SINGLE_FILE), metadata={"format": "pt"})
     else:

@@ -1,5 +1,6 @@
 """experiments/opd_scale/summarize.py: the overlap metrics' limits, the rank correlation, and the pre-registered
 tables and tests on synthetic workdirs (no training: the overlaps come from the cache file)."""
+import glob
 import json
 import os
 import re
@@ -99,7 +100,9 @@ def _synthetic_root(root):
 def test_summary_of_synthetic_runs_reports_every_pre_registered_test(tmp_path, capsys):
   root = str(tmp_path / "root")
   _synthetic_root(root)
-  S.main([f"--root={root}", f"--out={tmp_path / 'c.png'}", f"--scatter={tmp_path / 's.png'}"])
+  committed = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(os.path.dirname(S.__file__), "*.png"))}
+  assert committed      # the plots results.md shows
+  S.main([f"--root={root}"])
   out = capsys.readouterr().out
   assert f"n = {3 * len(ARMS)} of {3 * len(ARMS)}" in out
   h1 = next(line for line in out.splitlines() if line.startswith("| overlap@5 (primary)"))
@@ -108,5 +111,12 @@ def test_summary_of_synthetic_runs_reports_every_pre_registered_test(tmp_path, c
     assert needle in out, needle
   gained = re.search(r"rose in (\d+) of the (\d+) triples", out)
   assert gained and gained[1] == gained[2] and "rho(change of overlap@5, gain) = +1.00 over 18 triples" in out
-  assert os.path.exists(tmp_path / "c.png") and os.path.exists(tmp_path / "s.png")
+  # Into the run root, not over the committed plots (the default was the experiment's folder).
+  assert os.path.exists(os.path.join(root, "curves.png")) and os.path.exists(os.path.join(root, "recovery.png"))
+  assert committed == {p: os.path.getmtime(p) for p in committed}
+  S.main([f"--root={root}", f"--out={tmp_path / 'plots'}"])
+  assert sorted(os.listdir(tmp_path / "plots")) == ["curves.png", "recovery.png"]
+  with pytest.raises(SystemExit):       # two plots: a folder, not one .png
+    S.main([f"--root={root}", f"--out={tmp_path / 'c.png'}"])
+  assert "this summary writes several plots; pass a folder" in capsys.readouterr().err
   assert set(TEACHERS) == {"t96sft", "t96rl", "t192sft", "t192rl"}
