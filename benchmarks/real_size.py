@@ -62,7 +62,7 @@ from rlkit.models.transformer import num_params  # noqa: E402
 from rlkit.parallel.host_memory import tuned_malloc_active  # noqa: E402
 from rlkit.rollout.sampler import (SamplingConfig, generate, nucleus_reference, nucleus_threshold,  # noqa: E402
                                    sample_categorical)
-from rlkit.train.config import rl_defaults  # noqa: E402
+from rlkit.train.rl_config import rl_defaults  # noqa: E402
 from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step  # noqa: E402
 
 # Qwen3-0.6B's shape (its config.json), and the --small one.

@@ -72,7 +72,7 @@ from rlkit.train.phases.reward import compute_rewards  # noqa: E402
 from rlkit.train.phases.score import score, train_batch  # noqa: E402
 from rlkit.train.rl_metrics import mismatch  # noqa: E402
 from rlkit.train.phases.update import ppo_updates  # noqa: E402
-from rlkit.train.rl_stage import sampling_config  # noqa: E402
+from rlkit.train.phases.collect import sampling_config  # noqa: E402
 from rlkit.train.run import build_data, build_task  # noqa: E402
 from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step, make_sft_step  # noqa: E402
 

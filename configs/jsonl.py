@@ -11,7 +11,8 @@ The prompt and sequence length limits are derived from the data (`data.max_promp
 `sft.max_len = 0`; launch prints what it derived). Without `data.test_jsonl` there is no evaluation (launch
 says so). Every field is documented in rlkit/train/config.py.
 """
-from rlkit.train.config import base_config, rl_defaults, sft_defaults
+from rlkit.train.config import base_config, sft_defaults
+from rlkit.train.rl_config import rl_defaults
 
 PRESETS = {
     "cpu": "default: a small model trained from scratch with the character tokenizer",

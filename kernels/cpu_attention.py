@@ -236,7 +236,7 @@ def cpu_attention_reference(qkv: Array, allowed: Array, cos: Array, sin: Array, 
   times its scale, skipped when norm_scales is None; `transformer.rope`), then `attention.masked_probs`
   (float32's minimum on disallowed slots: a row with none allowed is uniform over all T) times v."""
   from rlkit.models.attention import masked_probs
-  from rlkit.models.transformer import rope
+  from rlkit.models.layers import rope
   qkv = qkv.astype(jnp.float32)
   b, t, kvh, g2, hd = qkv.shape
   g = g2 - 2

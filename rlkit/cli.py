@@ -7,10 +7,11 @@
 
 Every mistake in the config (an unknown key, a wrong type, an unknown registry or preset name, a length
 limit the data does not fit) stops with one `Config error: ...` line naming the key and the valid choices,
-closest match first, exit code 2, and nothing written. Then the resolved config is printed and saved to
-DIR/config.json, the CPU is split into `mesh.cpu_devices` devices if set, multi-host JAX is initialised if
-the environment asks for it, and the stages run. Rerunning the same command on an existing DIR resumes from
-its newest checkpoint; a changed config stops with the list of changed keys unless --allow_config_change.
+closest match first, exit code 2, and nothing written. Then the resolved config is saved to DIR/config.json
+and the keys where it differs from the config file's own are printed (the overrides, derived lengths; none on
+a plain rerun), the CPU is split into `mesh.cpu_devices` devices if set, multi-host JAX is initialised if the
+environment asks for it, and the stages run. Rerunning the same command on an existing DIR resumes from its
+newest checkpoint; a changed config stops with the list of changed keys unless --allow_config_change.
 """
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def _checked(config):
   from rlkit.train.config_checks import validate
   from rlkit.train.lengths import resolve_lengths
   from rlkit.train.models import run_tokenizer
-  from rlkit.train.stages import stage_needs
+  from rlkit.train.catalog import stage_needs
   try:
     validate(config)
     if "data" in stage_needs(config):
@@ -191,7 +192,39 @@ def _checked(config):
   return config
 
 
-def _write_config(config, workdir: str) -> None:
+def _file_config(argv) -> dict | None:
+  """The config as its file builds it (`get_config(preset)`, before the command line's overrides), as JSON;
+  None when the command line names no config file."""
+  found = _config_arg(argv)
+  if found is None:
+    return None
+  return json.loads(_load_module(found[0]).get_config(found[1] or None).to_json_best_effort())
+
+
+def config_lines(file_config: dict | None, resolved: dict, name: str, workdir: str) -> list[str]:
+  """What a run prints of its config: the keys whose value differs from the config file's, each with the
+  file's value, under one line that names the file and where the whole resolved config is.
+
+  Against the file rather than the library defaults: the file (and its preset) is in the command, so the
+  difference is exactly what this command line changed (overrides, lengths derived from the data, a renamed
+  task's dropped kwargs), a handful of lines, and none on a plain rerun; the ~270 lines of the whole config
+  stay in config.json and `--print_config`.
+  """
+  where = (f"the whole resolved config is in {os.path.join(workdir, 'config.json')} (--print_config prints it "
+           "with each field's comment)")
+  if file_config is None:
+    return [f"config: {where}"]
+  a, b = _flat(file_config), _flat(resolved)
+  changed = changed_keys(file_config, resolved)
+  if not changed:
+    return [f"config: {name} as the file sets it; {where}"]
+  show = lambda flat, key: json.dumps(flat[key]) if key in flat else "(absent)"   # noqa: E731
+  width, value_width = max(len(key) for key in changed), max(len(show(b, key)) for key in changed)
+  return [f"config: {name} with {len(changed)} key{'s' * (len(changed) > 1)} changed from the file; {where}:",
+          *(f"  {key:{width}s} = {show(b, key):{value_width}s}   (file: {show(a, key)})" for key in changed)]
+
+
+def _write_config(config, workdir: str, file_config: dict | None = None) -> None:
   import jax
   resolved = config.to_json_best_effort(indent=2, sort_keys=True)
   path = os.path.join(workdir, "config.json")
@@ -203,7 +236,8 @@ def _write_config(config, workdir: str) -> None:
     if changed:
       logging.warning("Resuming %s with changed keys: %s", workdir, ", ".join(changed))
   if jax.process_index() == 0:
-    print(resolved, flush=True)
+    name = ":".join(p for p in _config_arg(sys.argv) or () if p)
+    print("\n".join(config_lines(file_config, json.loads(resolved), name, workdir)), flush=True)
     os.makedirs(workdir, exist_ok=True)
     with open(path + ".tmp", "w") as f:
       f.write(resolved + "\n")
@@ -245,7 +279,7 @@ def main(argv):
       check_sampler_meshes(config, jax.devices())      # a sampler mesh (rl.sync.mesh) needs the devices
     except ConfigError as e:
       raise _Stop(str(e)) from None
-    _write_config(config, _WORKDIR.value)
+    _write_config(config, _WORKDIR.value, _file_config(sys.argv))
   except _Stop as e:
     print(f"Config error: {e}", file=sys.stderr)
     sys.exit(CONFIG_ERROR)

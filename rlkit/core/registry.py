@@ -10,6 +10,8 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
+from rlkit.core.errors import ConfigError
+
 T = TypeVar("T")
 
 
@@ -80,3 +82,59 @@ class Registry(Generic[T]):
 
   def __len__(self) -> int:
     return len(self._entries)
+
+
+def choice(name: str, registry: Registry, key: str) -> None:
+  """`ConfigError` naming the config `key` and the valid names unless `name` is registered in `registry`."""
+  try:
+    registry.check(name, key)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+class IdRegistry:
+  """Names with consecutive int32 ids, for per-row or per-token labels stored in arrays (row sources,
+  segment kinds). Ids are given in registration order and never change, so arrays written by one module
+  read the same in every other; methods add names of their own with `add`.
+
+  >>> kinds = IdRegistry("segment kind", ("prompt", "policy"))
+  >>> kinds["policy"], kinds.name(0), list(kinds)
+  (1, 'prompt', ['prompt', 'policy'])
+  """
+
+  def __init__(self, kind: str, names: Iterable[str] = ()):
+    self.kind = kind
+    self._ids: dict[str, int] = {}
+    for name in names:
+      self.add(name)
+
+  def add(self, name: str) -> int:
+    """Registers `name` and returns its id; registering a name twice raises."""
+    if not isinstance(name, str) or not name:
+      raise ValueError(f"{self.kind} registry: names must be non-empty strings, got {name!r}.")
+    if name in self._ids:
+      raise ValueError(f"{self.kind} registry: {name!r} is already registered (id {self._ids[name]}).")
+    self._ids[name] = len(self._ids)
+    return self._ids[name]
+
+  def __getitem__(self, name: str) -> int:
+    try:
+      return self._ids[name]
+    except KeyError:
+      raise KeyError(f"Unknown {self.kind} {name!r}. Valid {self.kind} names: "
+                     f"{', '.join(closest_first(name, self._ids))}.") from None
+
+  def name(self, id_: int) -> str:
+    return list(self._ids)[int(id_)]
+
+  def __contains__(self, name) -> bool:
+    return name in self._ids
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(list(self._ids))
+
+  def __len__(self) -> int:
+    return len(self._ids)
+
+  def __repr__(self) -> str:
+    return repr(tuple(self._ids))

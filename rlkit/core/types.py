@@ -12,22 +12,56 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from rlkit.core.registry import IdRegistry
+
+
+# What each response token is (`segment_ids`). A multi-turn rollout interleaves the policy's own text and tool
+# calls (sampled: trained) with observations, later user turns and summaries inserted by the environment or the
+# collector (attended, never trained); `pad` marks the columns after a row's end. Methods may add kinds
+# (`SEGMENT_KINDS.add`), e.g. for per-segment rewards (`RewardOutput.segment_rewards`, [N, S] by kind).
+SEGMENT_KINDS = IdRegistry("segment kind", ("pad", "prompt", "policy", "tool_call", "observation", "summary"))
+
+# Where a row of a TrainBatch came from. Augmenters add rows from elsewhere; losses and metrics may treat
+# them differently (e.g. no importance ratio for a teacher's demonstration). Methods may add sources.
+ROW_SOURCES = IdRegistry("row source", ("policy", "teacher", "peer", "padding"))
+ROW_SOURCE = ROW_SOURCES          # ROW_SOURCE["teacher"] -> its id
+
+
+def _is_array(x) -> bool:
+  return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def single_turn_segments(mask: jax.Array) -> jax.Array:
+  """[N, R] int32 segment kinds of single-turn responses: `policy` where `mask`, else `pad`."""
+  return jnp.where(mask, SEGMENT_KINDS["policy"], SEGMENT_KINDS["pad"]).astype(jnp.int32)
+
 
 @flax.struct.dataclass
 class Rollout:
-  """A batch of sampled completions.
+  """A batch of sampled trajectories: one prompt and one response region per row, token in / token out.
+
+  The response region holds everything after the prompt, in order: for a single-turn row the sampled
+  completion; for a multi-turn row the policy's turns interleaved with what the environment or a tool fed
+  back (observations), exactly as the model saw them. Two masks tell the two roles apart: `response_mask`
+  is what the model attends to (every real token), `loss_mask` what is trained on (the tokens the policy
+  sampled). For single-turn rows they are equal.
 
   Attributes:
     prompt: [N, P] int32 prompt tokens, left-padded (real tokens end at column P-1).
     prompt_mask: [N, P] bool, True on real prompt tokens.
-    response: [N, R] int32 sampled tokens; after the stop token the row holds `pad_id`.
-    response_mask: [N, R] bool, True on generated tokens up to and including the stop token.
+    response: [N, R] int32 response-region tokens; after a row's end it holds `pad_id`.
+    response_mask: [N, R] bool, the attended mask: True on every real token of the response region (sampled
+      tokens up to and including the stop token, and any inserted observation tokens).
     logprobs: [N, R] float32 log-probability of each sampled token under the distribution it was drawn
-      from (after temperature / top-k / top-p); 0 where `response_mask` is False.
-    lengths: [N] int32 number of generated tokens (the sum of `response_mask`).
-    finished: [N] bool, True where the row ended with a stop token (False: cut by `max_new_tokens`).
+      from (after temperature / top-k / top-p); 0 where `loss_mask` is False.
+    lengths: [N] int32 attended response length (the sum of `response_mask`).
+    finished: [N] bool, True where the row ended with a stop token (False: cut by the token budget).
     group_ids: [N] int32 index of the prompt a row was sampled for (G rows share one id).
     extras: optional named arrays, e.g. "routed_experts" [N, P+R, L_moe, k] for MoE routing replay.
+    loss_mask: [N, R] bool, the trained mask: True on the tokens the policy sampled (default: `response_mask`).
+    segment_ids: [N, R] int32 `SEGMENT_KINDS` id of each token (default: `policy` on the response, `pad` after).
+    turn_ids: [N, R] int32 the turn a token belongs to, from 0 (default: all 0).
+    num_calls: [N] int32 model calls (decode segments) that produced the row (default: 1).
   """
   prompt: jax.Array
   prompt_mask: jax.Array
@@ -38,6 +72,24 @@ class Rollout:
   finished: jax.Array
   group_ids: jax.Array
   extras: dict[str, Any] = flax.struct.field(default_factory=dict)
+  loss_mask: Any = None
+  segment_ids: Any = None
+  turn_ids: Any = None
+  num_calls: Any = None
+
+  def __post_init__(self):
+    # Single-turn defaults, filled at construction (never during pytree unflattening, which passes every field).
+    mask = self.response_mask
+    if not _is_array(mask):
+      return
+    if self.loss_mask is None:
+      object.__setattr__(self, "loss_mask", mask)
+    if self.segment_ids is None:
+      object.__setattr__(self, "segment_ids", single_turn_segments(mask))
+    if self.turn_ids is None:
+      object.__setattr__(self, "turn_ids", jnp.zeros(mask.shape, jnp.int32))
+    if self.num_calls is None:
+      object.__setattr__(self, "num_calls", jnp.ones(mask.shape[:1], jnp.int32))
 
   @property
   def tokens(self) -> jax.Array:
@@ -54,12 +106,6 @@ class Rollout:
     return self.prompt.shape[0]
 
 
-# Where a row of a TrainBatch came from. Augmenters add rows from elsewhere; losses and metrics may treat
-# them differently (e.g. no importance ratio for a teacher's demonstration).
-ROW_SOURCES = ("policy", "teacher", "peer", "padding")
-ROW_SOURCE = {name: i for i, name in enumerate(ROW_SOURCES)}
-
-
 @flax.struct.dataclass
 class TrainBatch:
   """What the jitted update step consumes (one iteration's rows, or a minibatch of them).
@@ -72,7 +118,9 @@ class TrainBatch:
     tokens: [N, P+R] int32 prompt followed by response.
     attention_mask: [N, P+R] bool, True on every token the model attends to.
     loss_mask: [N, R] bool, True on response tokens that are trained on. Separate from the attention mask: a
-      token can be attended to (it is part of the context of later tokens) but not trained on.
+      token can be attended to (it is part of the context of later tokens: an observation, a rejected token)
+      but not trained on. Every loss term, correction, advantage and training metric reads this mask; the
+      attended mask is for context only.
     old_logp: [N, R] float32 the trainer's log-probs before the update (the PPO ratio's denominator), under
       the sampler's processed distribution (temperature, top-k, top-p).
     rollout_logp: [N, R] float32 the sampler's behaviour log-probs (`Rollout.logprobs`): what off-policy
@@ -80,10 +128,12 @@ class TrainBatch:
     advantages: [N, R] float32 per-token advantages (stop-gradient).
     token_weights: [N, R] float32 stop-gradient weights multiplying the per-token loss (ones by default).
     group_ids: [N] int32, unique within the iteration.
-    row_source: [N] int32 index into `ROW_SOURCES`.
+    row_source: [N] int32 `ROW_SOURCES` id.
     ref_logp: optional [N, R] float32 reference-model log-probs (KL penalty).
     extras: named arrays for methods: "routed_experts" [N, P+R, L_moe, k] (MoE routing replay), teacher
       log-probs, per-token calibration targets, ...
+    segment_ids: [N, R] int32 `SEGMENT_KINDS` id of each response token (default: single-turn, from loss_mask).
+    turn_ids: [N, R] int32 the turn of each response token (default: all 0).
   """
   tokens: jax.Array
   attention_mask: jax.Array
@@ -96,6 +146,17 @@ class TrainBatch:
   row_source: jax.Array
   ref_logp: Any = None
   extras: dict[str, Any] = flax.struct.field(default_factory=dict)
+  segment_ids: Any = None
+  turn_ids: Any = None
+
+  def __post_init__(self):
+    mask = self.loss_mask
+    if not _is_array(mask):
+      return
+    if self.segment_ids is None:
+      object.__setattr__(self, "segment_ids", single_turn_segments(mask))
+    if self.turn_ids is None:
+      object.__setattr__(self, "turn_ids", jnp.zeros(mask.shape, jnp.int32))
 
   @property
   def response_len(self) -> int:

@@ -7,12 +7,24 @@ current learning rate is part of the optimizer state (checkpointed, and logged a
 the whole chain is wrapped in `predicted_kl_control` (rlkit/optim/logra.py): the update step passes a
 `kl_probe` over its batch's tokens (rlkit/train/steps.py).
 
+`optimizer.frozen` (a regex, `re.search`ed in each '/'-joined path of the tree the optimizer updates, e.g.
+`moe/router$` for MoE routers) freezes the leaves it matches: `optax.partition` routes them to `freeze()`,
+whose update is -0.0, the identity of IEEE addition (p + -0.0 == p bit for bit, -0.0 included; +0.0 would
+turn a -0.0 weight into +0.0), and everything else to the optimizer above. So a frozen leaf gets no optimizer
+state, no weight decay and no share of the clipped global norm, as if it were not a parameter (its gradient
+is still computed). The pattern is checked against the real paths when the optimizer is initialised (a
+ConfigError naming some). It applies to what the optimizer sees: with LoRA the adapters
+(`<proj>_lora_a/_b`), with LoGRA every parameter except the sketched kernels (freezing one of those is
+refused: drop it from `logra_targets` instead). (A step that predicted-KL control skips writes +0.0
+updates, which only a frozen weight of exactly -0.0 would notice.)
+
 An optimizer may change what the step differentiates: its registry entry's `gradient_path(cfg)` attribute
 gives the `GradientPath` (rlkit/optim/trainable.py; `logra`: sketches, rlkit/optim/logra_training.py);
 `gradient_path(cfg)` here returns it, or `DENSE`.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import jax
@@ -20,10 +32,12 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from rlkit.core.registry import Registry
+from rlkit.core.errors import ConfigError
+from rlkit.core.registry import Registry, choice
 from rlkit.optim import logra_training
 from rlkit.optim.logra import PredictedKLState, predicted_kl_control
 from rlkit.optim.trainable import DENSE, GradientPath
+from rlkit.parallel.rules import path_str
 
 OPTIMIZERS: Registry[Callable[..., optax.GradientTransformation]] = Registry("optimizer")
 SCHEDULES: Registry[Callable[..., optax.Schedule]] = Registry("lr schedule")
@@ -94,19 +108,76 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   c.logra_b2 = 0.95         # logra: decay of RowAdam's row-wise second moment
   c.logra_refresh_every = 1   # logra: steps between projection redraws (0: one projection throughout)
   c.logra_seed = 0          # logra: seed of the projections (regenerated from it, the weight's path and the step)
+  c.frozen = ""             # regex searched in '/'-joined param paths ("moe/router$"): those never change ("": none)
   return c
 
 
 def check(section, where: str) -> None:
-  """ValueError naming the key and the fix for a bad optimizer section (names: config.check_optimizer)."""
+  """ConfigError naming the key and the fix for a bad optimizer section `where` (types are checked by
+  `config_checks.validate`)."""
+  choice(section.name, OPTIMIZERS, f"{where}.name")
+  choice(section.schedule, SCHEDULES, f"{where}.schedule")
+  if section.lr <= 0:
+    raise ConfigError(f"{where}.lr={section.lr} must be > 0.")
   if section.kl_target < 0:
-    raise ValueError(f"{where}.kl_target={section.kl_target} must be >= 0 (0 turns the KL control off).")
-  logra_training.check(section, where)
+    raise ConfigError(f"{where}.kl_target={section.kl_target} must be >= 0 (0 turns the KL control off).")
+  try:
+    re.compile(section.frozen)
+  except re.error as e:
+    raise ConfigError(f"{where}.frozen={section.frozen!r} is not a regular expression ({e}); e.g. "
+                      "'moe/router$'.") from None
+  try:
+    logra_training.check(section, where)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def gradient_path(cfg: ml_collections.ConfigDict) -> GradientPath:
   """What the update step differentiates for the optimizer of section `cfg` (module docstring)."""
   return getattr(OPTIMIZERS.get(cfg.name), "gradient_path", lambda cfg: DENSE)(cfg)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Frozen parameters (`optimizer.frozen`)
+
+FROZEN, TRAINED = "frozen", "trained"
+
+
+def freeze() -> optax.GradientTransformation:
+  """Updates of -0.0 shaped like the params (not like the gradients: LoGRA's are sketches): p + -0.0 == p
+  bit for bit, for every p."""
+  def update_fn(updates, state, params=None):
+    del updates
+    if params is None:
+      raise ValueError(optax.NO_PARAMS_MSG)
+    return jax.tree.map(lambda p: jnp.full(jnp.shape(p), -0.0, p.dtype), params), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def frozen_labels(cfg: ml_collections.ConfigDict) -> Callable[[Any], Any]:
+  """params -> a tree of FROZEN / TRAINED by `cfg.frozen`; a ConfigError when the pattern matches no leaf, or
+  (logra) a sketched kernel."""
+  regex = re.compile(cfg.frozen)
+
+  def labels(tree):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    paths = [path_str(p) for p, _ in flat]
+    hits = [bool(regex.search(p)) for p in paths]
+    if not any(hits):
+      raise ConfigError(f"optimizer.frozen={cfg.frozen!r} matches none of the {len(paths)} parameters the "
+                        f"optimizer updates (with LoRA: the adapters), e.g. {', '.join(paths[:6])}. The pattern "
+                        "is re.search-ed in these '/'-joined paths; fix it, or set optimizer.frozen=''.")
+    if cfg.name == "logra":
+      sketched = jax.tree.leaves(logra_training.selected_mask(tree, tuple(cfg.logra_targets)))
+      both = [p for p, h, s in zip(paths, hits, sketched) if h and s]
+      if both:
+        raise ConfigError(f"optimizer.frozen={cfg.frozen!r} matches {', '.join(both[:3])}, which LoGRA trains on "
+                          "sketches (optimizer.logra_targets); freezing one is not supported: remove its name "
+                          "from logra_targets, or narrow the pattern.")
+    return jax.tree.unflatten(treedef, [FROZEN if h else TRAINED for h in hits])
+
+  return labels
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
@@ -115,6 +186,9 @@ def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Gr
   tx = optax.inject_hyperparams(lambda learning_rate: make(learning_rate, cfg))(learning_rate=schedule)
   if cfg.clip_norm and cfg.clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
+  if cfg.get("frozen"):
+    # Inside the KL control, whose prediction then sees the frozen leaves' zero displacement.
+    tx = optax.partition({TRAINED: tx, FROZEN: freeze()}, frozen_labels(cfg))
   if cfg.kl_target > 0:
     tx = predicted_kl_control(tx, cfg.kl_target)
   return tx

@@ -9,7 +9,10 @@ example or the length of a row reads it here instead of growing its own signatur
               (the verifier's acceptance), not a threshold on `rewards`: shaping terms can push a wrong row above
               any threshold. None: the reward has no notion of correct, and accuracy is not logged;
   components  named [N] float64 parts (logged as reward/<name>);
-  failures    failure kind -> count ("ZeroDivisionError", "timeout"): rows the host-side code could not score.
+  failures    failure kind -> count ("ZeroDivisionError", "timeout"): rows the host-side code could not score;
+  segment_rewards  optional [N, S] float64: a reward per segment kind (S = len(SEGMENT_KINDS), column k the
+              reward of row n's tokens of kind k, e.g. a tool call judged apart from the answer), for the
+              token estimators that place rewards by segment. The estimators receive the whole output.
 
 The trainer samples in rounds (dynamic sampling) and keeps a subset of rows, hence `concat_outputs` and `take`.
 Failures are counts, not per-row flags: they describe the scoring work done, so `take` keeps them whole and the
@@ -21,6 +24,8 @@ import dataclasses
 from typing import Optional, Sequence
 
 import numpy as np
+
+from rlkit.core.types import SEGMENT_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,7 @@ class RewardOutput:
   correct: Optional[np.ndarray]
   components: dict[str, np.ndarray]
   failures: dict[str, int]
+  segment_rewards: Optional[np.ndarray] = None
 
 
 def check_output(output: RewardOutput, n: int, reward: str) -> RewardOutput:
@@ -94,6 +100,14 @@ def check_output(output: RewardOutput, n: int, reward: str) -> RewardOutput:
     if dtype == np.float64 and not np.all(np.isfinite(value)):
       bad = np.flatnonzero(~np.isfinite(value))
       fail(f"{name} has {bad.size} non-finite value(s), first at row {bad[0]}: {value[bad[0]]}")
+  if output.segment_rewards is not None:
+    value, kinds = output.segment_rewards, len(SEGMENT_KINDS)
+    if not isinstance(value, np.ndarray) or value.dtype != np.float64 or value.shape != (n, kinds):
+      got = f"{value.dtype} array of shape {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+      fail(f"segment_rewards must be a float64 array of shape ({n}, {kinds}) (one column per segment kind: "
+           f"{', '.join(SEGMENT_KINDS)}), got {got}")
+    if not np.all(np.isfinite(value)):
+      fail("segment_rewards has non-finite values")
   if not isinstance(output.failures, dict):
     fail(f"failures must be a dict of kind -> count, got {type(output.failures).__name__}")
   for kind, count in output.failures.items():
@@ -114,6 +128,8 @@ def concat_outputs(outputs: Sequence[RewardOutput]) -> RewardOutput:
       raise ValueError(f"concat_outputs: component names differ: {sorted(names)} vs {sorted(out.components)}.")
     if (out.correct is None) != (outputs[0].correct is None):
       raise ValueError("concat_outputs: some outputs have `correct` and some have None.")
+    if (out.segment_rewards is None) != (outputs[0].segment_rewards is None):
+      raise ValueError("concat_outputs: some outputs have `segment_rewards` and some have None.")
   failures: dict[str, int] = {}
   for out in outputs:
     for kind, count in out.failures.items():
@@ -122,7 +138,9 @@ def concat_outputs(outputs: Sequence[RewardOutput]) -> RewardOutput:
       rewards=np.concatenate([out.rewards for out in outputs]),
       correct=None if outputs[0].correct is None else np.concatenate([out.correct for out in outputs]),
       components={name: np.concatenate([out.components[name] for out in outputs]) for name in names},
-      failures=failures)
+      failures=failures,
+      segment_rewards=(None if outputs[0].segment_rewards is None
+                       else np.concatenate([out.segment_rewards for out in outputs])))
 
 
 def take(output: RewardOutput, indices) -> RewardOutput:
@@ -136,4 +154,5 @@ def take(output: RewardOutput, indices) -> RewardOutput:
       rewards=output.rewards[indices],
       correct=None if output.correct is None else output.correct[indices],
       components={name: value[indices] for name, value in output.components.items()},
-      failures=dict(output.failures))
+      failures=dict(output.failures),
+      segment_rewards=None if output.segment_rewards is None else output.segment_rewards[indices])

@@ -30,7 +30,8 @@ from flax import serialization
 from rlkit.models.tokenizer import left_padded_batches
 from rlkit.rewards.batch import RewardBatch, RewardOutput
 from rlkit.rewards.executor import VerifierExecutor
-from rlkit.rewards.reward_heads import RISKS, build_head, head_spec, risk_reward, uncertainty_penalty
+from rlkit.rewards.head_catalog import build_head, head_spec
+from rlkit.rewards.reward_heads import RISKS, risk_reward, uncertainty_penalty
 from rlkit.rewards.verifier import RewardFn, check_float, register_reward
 
 HEAD_FILE, PARAMS_FILE = "head.json", "params.msgpack"

@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from rlkit.core.sections import RL_SECTIONS, Section
 from rlkit.core.types import Rollout
 from rlkit.models.transformer import Transformer, as_dtype
 from rlkit.rollout.sampler import SamplingConfig, generate, processed_logprobs
@@ -152,3 +153,14 @@ def from_config(section: ml_collections.ConfigDict) -> Mismatch:
   """The `Mismatch` of a `rl.rollout_mismatch` section (validated)."""
   return Mismatch(dtype=str(section.dtype), noise_scale=float(section.noise_scale),
                   noise_kind=str(section.noise_kind))
+
+
+def _check_section(stage, name: str) -> None:
+  try:
+    from_config(stage.rollout_mismatch)
+  except ValueError as e:
+    raise ValueError(f"{name}.rollout_mismatch: {e}") from None
+
+
+RL_SECTIONS.add("rollout_mismatch", Section(mismatch_defaults, _check_section,
+                                            doc="a simulated inference engine: the sampler's perturbed copy"))

@@ -11,12 +11,18 @@ from typing import Any
 
 import ml_collections
 
-from rlkit.core.registry import closest_first
-from rlkit.models.lora import check_run as check_lora
-from rlkit.optim.optimizers import OPTIMIZERS, SCHEDULES
-from rlkit.optim.optimizers import check as optimizer_check
 from rlkit.core.errors import ConfigError
+from rlkit.core.registry import choice, closest_first
+from rlkit.core.sections import section_roles, section_trains
+from rlkit.data.tasks import TASKS, make_task
+from rlkit.models.lora import check_run as check_lora
+from rlkit.models.tokenizer import TOKENIZERS
+from rlkit.models.transformer import ATTENTION_IMPLS
+from rlkit.optim.optimizers import check as check_optimizer
+from rlkit.rewards import REWARDS
+from rlkit.train.catalog import STAGES
 from rlkit.train.config import base_config, split_files, stage_config, task_kwargs
+from rlkit.train.models import resolve_source, role_model_defaults, role_tokenizer, run_tokenizer
 
 
 def _check_section(section: Any, defaults: ml_collections.ConfigDict, where: str) -> None:
@@ -56,27 +62,8 @@ def _same_type(value: Any, default: Any) -> bool:
 
 # Sections whose keys are not fixed: task.kwargs / reward.kwargs (the component's own parameters),
 # rl.loss_terms (term name -> weight), rl.policy_kwargs (the policy loss's parameters), models (role -> model
-# section), eval.extra_sets (set name -> task kwargs).
-FREE_FORM = ("kwargs", "loss_terms", "models", "policy_kwargs", "extra_sets")
-
-
-def choice(value: str, registry, key: str) -> None:
-  """ConfigError naming `key` and the valid names unless `value` is registered."""
-  try:
-    registry.check(value, key)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
-
-
-def check_optimizer(section, where: str) -> None:
-  choice(section.name, OPTIMIZERS, f"{where}.name")
-  choice(section.schedule, SCHEDULES, f"{where}.schedule")
-  if section.lr <= 0:
-    raise ConfigError(f"{where}.lr={section.lr} must be > 0.")
-  try:
-    optimizer_check(section, where)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+# section), eval.extra_sets (set name -> task kwargs), rl.schedules (step input -> schedule).
+FREE_FORM = ("kwargs", "loss_terms", "models", "policy_kwargs", "extra_sets", "schedules")
 
 
 def _positive(config, keys: tuple[str, ...], minimum: int = 1) -> None:
@@ -89,7 +76,6 @@ def _positive(config, keys: tuple[str, ...], minimum: int = 1) -> None:
 
 def _check_task(config, where: str = "task") -> None:
   """The task is built from task.name and task.kwargs now, so a bad parameter fails before any work."""
-  from rlkit.data.tasks import TASKS, make_task
   choice(config.task.name, TASKS, f"{where}.name")
   kwargs = task_kwargs(config)
   if "path" in kwargs and not kwargs["path"]:
@@ -123,7 +109,6 @@ def _check_path(path: str, key: str) -> None:
     raise ConfigError(f"{key}={path!r} does not exist; give a Hugging Face folder, an rlkit workdir or an "
                       "rlkit checkpoint directory (or leave it empty to build the model from the fields).")
   if path:
-    from rlkit.train.models import resolve_source
     try:
       resolve_source(path)
     except (ValueError, FileNotFoundError) as e:
@@ -133,7 +118,6 @@ def _check_path(path: str, key: str) -> None:
 def _check_tokenizer(config) -> None:
   """The tokenizer loads, and a Hugging Face model gets its own tokenizer (a char tokenizer would run, with
   ids that mean nothing to it)."""
-  from rlkit.train.models import resolve_source, run_tokenizer
   _check_path(config.model.path, "model.path")
   hf_model = bool(config.model.path) and resolve_source(config.model.path)[0] == "hf"
   if hf_model and config.tokenizer.kind != "hf":
@@ -153,27 +137,23 @@ def _check_models(config) -> None:
       if role not in config.models:
         raise ConfigError(f"{name}.score_roles names {role!r}, but config.models has no such role (roles: "
                           f"{', '.join(config.models.keys()) or 'none'}).")
-    if "distill" in config[name]:
-      from rlkit.train.distill import distill_roles
-      for role in distill_roles(config[name]):
-        if role not in config.models:
-          raise ConfigError(f"{name}.distill.teacher={role!r}: the stage distils from that model ({name}.advantage="
-                            f"{config[name].advantage!r}, loss terms {list(config[name].loss_terms.keys())}), but "
-                            f"config.models has no such role; declare config.models.{role} (path: a Hugging Face "
-                            "folder or an rlkit workdir).")
+    for role, why in section_roles(config[name], name):
+      if role not in config.models:
+        raise ConfigError(f"{why}, but config.models has no such role (roles: "
+                          f"{', '.join(config.models.keys()) or 'none'}); declare config.models.{role} (path: a "
+                          "Hugging Face folder or an rlkit workdir).")
   for name in config.stages:
     reward = config[name].get("reward")
     if reward is not None:
-      from rlkit.rewards import REWARDS
       for key in getattr(REWARDS.get(reward.name), "role_kwargs", ()) if reward.name in REWARDS else ():
         role = reward.kwargs.get(key, "")
         if role and role not in config.models:
           raise ConfigError(f"{name}.reward.kwargs.{key}={role!r}: reward {reward.name!r} uses that model, but "
                             f"config.models has no such role (roles: {', '.join(config.models.keys()) or 'none'}); "
                             f"declare it as config.models.{role} (path: a Hugging Face folder or rlkit workdir).")
-  from rlkit.train.stages import STAGES
-  trained = set()
+  trained, optional = set(), {}
   for name in config.stages:
+    optional.update({role: f"{name}.{section}" for role, section in section_trains(config[name]).items()})
     kind = config[name].get("kind")
     for role in STAGES.get(kind).roles(config[name]) if kind in STAGES else ():
       trained.add(role)
@@ -181,15 +161,8 @@ def _check_models(config) -> None:
         raise ConfigError(f"{name}: the {kind} stage trains the model of role {role!r} beside its policy; declare "
                           f"it as config.models.{role} with trainable=True (a checkpoint or an architecture with the "
                           "policy's tokenizer).")
-  for name in config.stages:
-    teacher = config[name].get("onepo", {}).get("teacher", "demonstration")
-    if config[name].get("augment") == "onepo" and teacher != "demonstration" and teacher not in config.models:
-      raise ConfigError(f"{name}.onepo.teacher={teacher!r} is neither 'demonstration' nor a role of config.models "
-                        f"(roles: {', '.join(config.models.keys()) or 'none'}).")
   if not config.models.keys():
     return
-  from rlkit.models.tokenizer import TOKENIZERS
-  from rlkit.train.models import role_model_defaults, role_tokenizer
   for role in config.models.keys():
     section = config.models[role]
     _check_section(section, role_model_defaults(), f"models.{role}")
@@ -200,20 +173,17 @@ def _check_models(config) -> None:
       role_tokenizer(section, f"models.{role}")
     except (FileNotFoundError, ValueError) as e:
       raise ConfigError(f"models.{role}.tokenizer: {e}") from None
-    if section.trainable and role != "critic" and role not in trained:
-      raise ConfigError(f"models.{role}.trainable=True: of the roles only `critic` (the value model of "
-                        "rl.advantage='gae') and those a stage trains (graft.peer, rquest.proposer) are trained; set "
-                        "it to False.")
-    if role == "critic" and not section.trainable:
-      raise ConfigError("models.critic is the value model that rl.advantage='gae' trains (from these weights); "
-                        "set models.critic.trainable=True.")
+    if section.trainable and role not in trained and role not in optional:
+      raise ConfigError(f"models.{role}.trainable=True: only the roles a stage or a component trains are trained "
+                        f"(here: {', '.join(sorted(trained | set(optional))) or 'none'}; e.g. graft's peer, "
+                        "rquest's proposer, the critic of rl.advantage='gae'); set it to False.")
+    if role in optional and not section.trainable:
+      raise ConfigError(f"models.{role} is trained by {optional[role]} (from these weights); set "
+                        f"models.{role}.trainable=True.")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError on the first problem; reads a JSONL task's file but writes nothing, starts no device."""
-  from rlkit.models.tokenizer import TOKENIZERS
-  from rlkit.models.transformer import ATTENTION_IMPLS
-  from rlkit.train.stages import STAGES
 
   base = base_config()
   stages = tuple(config.get("stages", ()))
@@ -283,7 +253,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if config.mesh.cpu_devices < 0:
     raise ConfigError(f"mesh.cpu_devices={config.mesh.cpu_devices} must be >= 0 (0 keeps JAX's default).")
   _positive(config, ("eval.num_examples", "eval.batch_size", "eval.max_new_tokens"))
-  _positive(config, ("eval.pass_k", "eval.pass_n", "checkpoint.every"), 0)
+  _positive(config, ("eval.pass_k", "eval.pass_n", "eval.log_samples", "checkpoint.every"), 0)
   _positive(config, ("checkpoint.max_to_keep",))
   if config.eval.pass_n and config.eval.pass_n < config.eval.pass_k:
     raise ConfigError(f"eval.pass_n={config.eval.pass_n} must be 0 or >= eval.pass_k={config.eval.pass_k}.")

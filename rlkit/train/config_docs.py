@@ -17,6 +17,11 @@ from typing import Callable
 
 import ml_collections
 
+from rlkit.core.sections import RL_SECTIONS
+from rlkit.train.catalog import STAGES
+from rlkit.train.config import base_config
+from rlkit.train.models import role_model_defaults
+
 _ASSIGN = re.compile(r"^\s*c((?:\.\w+)*)\s*=\s*(\w+)?")
 _CALL = re.compile(r"^\s*c(?:\.\w+)*\s*=\s*(\w+)\(\)\s*$")
 
@@ -49,16 +54,19 @@ def field_comments(fn: Callable[[], ml_collections.ConfigDict]) -> dict[str, str
 
 
 def config_comments(config: ml_collections.ConfigDict) -> dict[str, str]:
-  """{dotted key: comment} for a whole run config: the base sections, every stage section by its kind, and
-  every model role."""
-  from rlkit.train.config import base_config
-  from rlkit.train.models import role_model_defaults
-  from rlkit.train.stages import STAGES
+  """{dotted key: comment} for a whole run config: the base sections, every stage section by its kind (with the
+  components' registered sections, `rlkit.core.sections`), and every model role."""
   out = dict(field_comments(base_config))
   for key in config.keys():
     section = config[key]
     if isinstance(section, ml_collections.ConfigDict) and "kind" in section and section.kind in STAGES:
       out.update({f"{key}.{k}": v for k, v in field_comments(STAGES.get(section.kind).defaults).items()})
+      for name in RL_SECTIONS:
+        if name in section:
+          entry = RL_SECTIONS.get(name)
+          out.update({f"{key}.{name}.{k}": v for k, v in field_comments(entry.defaults).items()})
+          if entry.doc:
+            out[f"{key}.{name}"] = entry.doc
   for role in config.get("models", {}).keys():
     out.update({f"models.{role}.{k}": v for k, v in field_comments(role_model_defaults).items()})
   return out

@@ -14,8 +14,10 @@ value head starts at zero, so the first values are exactly 0 and the first GAE a
 `Critic` is built once per stage: `init(policy_params)` gives the `TrainState` the stage checkpoints as
 `state["critic"]`, `add_values(state, batch)` puts the values of a scored `TrainBatch` in its
 extras["values"] (the GAE estimator and the value clip read them), `update(state, batch, key)` runs the same
-epochs x minibatches as the policy over the same permutations (the same key). A stage without a critic uses `NO_CRITIC`,
-whose hooks do nothing, so the iteration has no critic branch.
+epochs x minibatches as the policy over the same permutations (the same key), through the shared update step
+(`steps.make_update_step`: micro-batching, the non-finite guard, any optimizer). It is registered as the
+scorer `critic` (registry SCORERS, phases/score.py) with an update and a state of its own, built only when the
+advantage estimator reads values: a stage without a critic has none, and no critic branch.
 """
 from __future__ import annotations
 
@@ -28,8 +30,14 @@ from rlkit.core.types import Metric, TrainBatch
 from rlkit.models.transformer import Transformer
 from rlkit.objectives import aggregate
 from rlkit.objectives.returns import clipped_value_loss, explained_variance
-from rlkit.optim.optimizers import gradient_path, make_optimizer
+import ml_collections
+
 from rlkit.core.errors import ConfigError
+from rlkit.core.sections import RL_SECTIONS, Section
+from rlkit.optim.optimizers import check as check_optimizer
+from rlkit.optim.optimizers import gradient_path, make_optimizer, optimizer_defaults
+from rlkit.train.phases.advantages import needs_values
+from rlkit.train.phases.score import SCORERS, Scorer, ScorerSpec
 from rlkit.train.phases.update import ppo_updates
 from rlkit.train.steps import init_train_state, make_update_step, rl_counts
 
@@ -92,28 +100,11 @@ class Critic:
     return dict(state, critic=train), metrics
 
 
-class _NoCritic:
-  """The stage's critic when its advantage estimator needs none."""
-
-  def init(self, policy_params):
-    return None
-
-  def add_values(self, state, batch):
-    return batch
-
-  def update(self, state, batch, key):
-    return state, {}
-
-
-NO_CRITIC = _NoCritic()
-
-
-def build_critic(ctx, cfg, module: Optional[Transformer] = None):
-  """The stage's `Critic` if its advantage estimator reads values (`rl.advantage = "gae"`), else NO_CRITIC.
+def build_critic(ctx, cfg, module: Optional[Transformer] = None) -> Optional[Critic]:
+  """The stage's `Critic` if its advantage estimator reads values (`rl.advantage = "gae"`), else None.
   `module`: the critic of another policy than the stage's (GRAFT's peer), started from that policy."""
-  from rlkit.train.phases.advantages import needs_values
   if not needs_values(cfg.advantage):
-    return NO_CRITIC
+    return None
   role = ctx.models.get("critic")
   if module is not None or role is None:
     return Critic(ctx.model if module is None else module, cfg)
@@ -122,3 +113,42 @@ def build_critic(ctx, cfg, module: Optional[Transformer] = None):
                       f"{ctx.model.cfg.vocab_size}: the critic reads the policy's tokens, so it needs the policy's "
                       "tokenizer.")
   return Critic(role.module, cfg, role.params)
+
+
+def critic_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.value_clip = 0.5            # clip of the new values around the old ones in the value loss (verl's default)
+  c.optimizer = optimizer_defaults()
+  return c
+
+
+def check(stage, name: str) -> None:
+  section = stage.critic
+  if section.value_clip <= 0:
+    raise ConfigError(f"{name}.critic.value_clip={section.value_clip} must be > 0.")
+  check_optimizer(section.optimizer, f"{name}.critic.optimizer")
+  if section.optimizer.kl_target:
+    raise ConfigError(f"{name}.critic.optimizer.kl_target={section.optimizer.kl_target}: a value model has no "
+                      "policy KL to predict; set it to 0.")
+
+
+RL_SECTIONS.add("critic", Section(critic_defaults, check, doc="the value model of advantage=gae", trains=("critic",)))
+
+
+def _other_policy(env) -> Optional[Transformer]:
+  return None if env.model is env.ctx.model else env.model
+
+
+def _scorer(env) -> Optional[Scorer]:
+  critic = build_critic(env.ctx, env.cfg, _other_policy(env))
+  if critic is None:
+    return None
+  return Scorer(lambda state, batch, samples: (critic.add_values(state, batch), {}), critic.update)
+
+
+def _state(ctx, cfg, params, module) -> dict:
+  critic = build_critic(ctx, cfg, module)
+  return {} if critic is None else {"critic": critic.init(params)}
+
+
+SCORERS.add("critic", ScorerSpec(_scorer, order=60, init=_state))

@@ -1,5 +1,6 @@
 """On-policy distillation in the trainer (the maths: `rlkit.objectives.distill`): one config section, `rl.distill`,
-one token advantage estimator, the teacher's scorers and, for a teacher with another tokenizer, one host-side step.
+one token advantage estimator, and two scorers (registry SCORERS): `teacher` and, for a teacher with another
+tokenizer, `xtok_teacher`.
 
   advantage `opd`        a_t = sg(log p_T(y_t) − log p_S(y_t)) + λ·A_t, with A the group estimator
                          `distill.reward_advantage` of the rewards (λ = `distill.reward_weight`; 0: pure OPD) on
@@ -7,13 +8,13 @@ one token advantage estimator, the teacher's scorers and, for a teacher with ano
                          clipped surrogate (the recipe of Thinking Machines' "On-Policy Distillation")
   loss terms             `opd` (sampled-token reverse KL, policy-gradient form), `reverse_kl`, `forward_kl`, `jsd`
                          (full distribution or the teacher's top-k), each weighted in `rl.loss_terms`
-  scoring                the teacher (`distill.teacher`, a role of config.models) is scored in the scoring phase
+  scoring                the teacher (`distill.teacher`, a role of config.models) is scored by the `teacher` scorer
                          whenever one of them is on: its log-probs of the sampled tokens (extras
                          "<teacher>_logp") and, for the full-distribution terms, its distribution at the sampling
                          temperature ("<teacher>_dist_logp", with top-k also "<teacher>_dist_ids")
   cross tokenizer        a teacher with another tokenizer: `distill.cross_tokenizer` = aligned | spans | both
-                         (rlkit/objectives/xtok.py, methods/llm.md §6; OUR DESIGN). `after_score`, the host-side
-                         step the rl stage runs on the scored batch, reads each row's prompt text and the ids the
+                         (rlkit/objectives/xtok.py, methods/llm.md §6; OUR DESIGN). The `xtok_teacher` scorer, a
+                         host-side step after the policy's scoring, reads each row's prompt text and the ids the
                          student sampled, decodes them with their character offsets (`decode_with_offsets`: the
                          sampled ids, not a re-encoding), tokenizes prompt and response with the teacher's
                          tokenizer separately (so their junction is a boundary of both), scores the teacher's
@@ -28,7 +29,7 @@ one token advantage estimator, the teacher's scorers and, for a teacher with ano
   aligned distributions  with a cross-tokenizer teacher the full-distribution terms (`reverse_kl`, `forward_kl`,
                          `jsd`) compare the two models at the strictly aligned positions only, over the shared
                          vocabulary (the token strings both vocabularies hold, `xtok.shared_vocab`; the student's
-                         stop token paired with the teacher's EOS): `after_score` stores the teacher's log-probs at
+                         stop token paired with the teacher's EOS): `xtok_teacher` stores the teacher's log-probs at
                          the aligned teacher position restricted to the shared tokens ("<teacher>_dist_logp",
                          their ids in the student's vocabulary "<teacher>_dist_ids"; the k most likely of them with
                          `distill.top_k`), the term renormalises both sides on that support and logs the teacher's
@@ -42,13 +43,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from rlkit.core.errors import ConfigError
+from rlkit.core.sections import RL_SECTIONS, Section
 from rlkit.models.tokenizer import bucket_length, pad_left, pad_right
 from rlkit.objectives import ADVANTAGES, group_advantages
 from rlkit.objectives.distill import DIVERGENCES, opd_token_advantage
@@ -56,6 +59,7 @@ from rlkit.objectives.xtok import MODES, align_batch, shared_vocab, span_logp, t
 from rlkit.parallel.hosts import host_rows, process_max, process_sum
 from rlkit.rollout.scoring import make_distribution_scorer, make_scorer
 from rlkit.train.phases.advantages import TOKEN_ESTIMATORS, TokenEstimator
+from rlkit.train.phases.score import SCORERS, ScoreEnv, Scorer, ScorerSpec
 
 SAMPLED = ("opd",)          # loss terms that read the teacher's log-probs of the sampled tokens
 
@@ -90,29 +94,40 @@ def _same_tokenizer(a, b) -> bool:
   return a is b or (a.vocab_size == b.vocab_size and a.get_vocab() == b.get_vocab())
 
 
-def distill_scorers(ctx, cfg, sampling) -> dict:
-  """scorer key -> (jitted scorer, params) for `rl_stage`'s scoring phase (module docstring); none with
-  `cross_tokenizer` (the teacher reads its own tokens: `after_score`)."""
-  from rlkit.core.errors import ConfigError
-  d, out = cfg.distill, {}
+def teacher_scorer(env: ScoreEnv) -> Optional[Scorer]:
+  """The `teacher` scorer (registry SCORERS): the teacher's log-probs of the sampled tokens in
+  extras["<teacher>_logp"] and its (top-k) distribution in extras["<teacher>_dist_logp"], ["<teacher>_dist_ids"],
+  as the stage's terms and advantage read them; none with `cross_tokenizer` (the `xtok_teacher` scorer)."""
+  ctx, cfg = env.ctx, env.cfg
+  d = cfg.distill
   if not distill_roles(cfg) or d.cross_tokenizer:
-    return out
-  teacher = ctx.models[d.teacher]
+    return None
+  teacher, sampling = ctx.models[d.teacher], env.sampling
   if not _same_tokenizer(teacher.tokenizer, ctx.tokenizer):
     raise ConfigError(f"models.{d.teacher} has another tokenizer than the student ({teacher.tokenizer!r}, the "
                       f"student {ctx.tokenizer!r}), and distillation with distill.cross_tokenizer='' scores the "
                       "teacher on the student's token ids. For the opd advantage set the stage's "
                       f"distill.cross_tokenizer (e.g. rl.distill.cross_tokenizer='aligned'; one of "
                       f"{', '.join(MODES)}); the loss terms ({', '.join(SAMPLED + DIVERGENCES)}) need one tokenizer.")
-  if uses_sampled(cfg) and d.teacher not in cfg.score_roles:
-    out[d.teacher] = (make_scorer(teacher.module, sampling), teacher.params)
+  sampled = dist = None
+  if uses_sampled(cfg) and d.teacher not in cfg.score_roles:      # a score role is scored by `roles` already
+    sampled = make_scorer(teacher.module, sampling)
   if uses_distribution(cfg):
     if teacher.module.cfg.vocab_size != ctx.model.cfg.vocab_size:
       raise ConfigError(f"models.{d.teacher} has a vocabulary of {teacher.module.cfg.vocab_size}, the student "
                         f"{ctx.model.cfg.vocab_size}: the full-distribution terms ({', '.join(DIVERGENCES)}) compare "
                         "distributions over one vocabulary; use the `opd` term or advantage, or one tokenizer.")
-    out[f"{d.teacher}_dist"] = (make_distribution_scorer(teacher.module, cfg.temperature, d.top_k), teacher.params)
-  return out
+    dist = make_distribution_scorer(teacher.module, cfg.temperature, d.top_k)
+
+  def run(state, batch, samples):
+    del state, samples
+    extras = dict(batch.extras)
+    if sampled is not None:
+      extras[f"{d.teacher}_logp"] = sampled(teacher.params, batch)
+    if dist is not None:                               # {"dist_logp", "dist_ids"} -> "<teacher>_dist_logp", ...
+      extras.update({f"{d.teacher}_{k}": v for k, v in dist(teacher.params, batch).items()})
+    return batch.replace(extras=extras), {}
+  return Scorer(run)
 
 
 class _TeacherRows(NamedTuple):
@@ -160,12 +175,15 @@ def _shared_ids(student_tok, teacher_tok) -> tuple[jax.Array, jax.Array]:
   return jnp.asarray(s_ids, jnp.int32), jnp.asarray(t_ids, jnp.int32)
 
 
-def after_score(ctx, cfg, sampling):
-  """The step `Learner.learn` runs on the scored batch: `(batch, samples) -> (batch, metrics)`, the identity
-  unless `distill.cross_tokenizer` is set; then the cross-tokenizer advantage (module docstring)."""
+def xtok_teacher_scorer(env: ScoreEnv) -> Optional[Scorer]:
+  """The `xtok_teacher` scorer (registry SCORERS), with `distill.cross_tokenizer` set: the teacher scores its
+  own tokenization of the rows' text, and the batch gets the cross-tokenizer advantage, the alignment and (for
+  the divergence terms) the teacher's distribution at aligned positions (module docstring). It reads the
+  policy's old log-probs, so it runs after the `policy` scorer."""
+  ctx, cfg, sampling = env.ctx, env.cfg, env.sampling
   d = cfg.distill
   if not d.cross_tokenizer:
-    return lambda batch, samples: (batch, {})
+    return None
   teacher, student_tok = ctx.models[d.teacher], ctx.tokenizer
   t_tok, stops, key = teacher.tokenizer, set(student_tok.stop_ids), f"{d.teacher}_xtok"
   score_teacher = make_scorer(teacher.module, dataclasses.replace(sampling, stop_ids=t_tok.stop_ids,
@@ -175,7 +193,8 @@ def after_score(ctx, cfg, sampling):
     score_dist = make_distribution_scorer(teacher.module, cfg.temperature, 0)
     shared = _shared_ids(student_tok, t_tok)            # (student ids, teacher ids) of the shared strings
 
-  def step(batch, samples):
+  def run(state, batch, samples):
+    del state
     ro, valid = samples.rollout, samples.valid
     response, lengths = host_rows(ro.response), np.where(valid, host_rows(ro.lengths), 0)
     prompts, responses, pairs, stop = [], [], [], np.zeros(len(samples), bool)
@@ -218,10 +237,10 @@ def after_score(ctx, cfg, sampling):
       mass = process_sum([np.where(host_rows(dev["aligned"]), np.exp(host_rows(_logsumexp(dist_logp))), 0).sum()])
       metrics["distill/teacher_mass"] = float(mass[0] / max(aligned, 1))
     return batch.replace(extras=dict(batch.extras, **extras)), metrics
-  return step
+  return Scorer(run)
 
 
-def check(cfg, name: str) -> str:
+def _problem(cfg, name: str) -> str:
   """'' if the section's distill settings are in range, else the message."""
   d = cfg.distill
   if not 0.0 <= d.beta <= 1.0 or d.top_k < 0 or d.reward_weight < 0:
@@ -253,9 +272,28 @@ def _opd(rewards, batch, cfg, capacity, valid):
   else:
     adv = opd_token_advantage(batch.old_logp, batch.extras[f"{d.teacher}_logp"], mask)
   if d.reward_weight:
-    group = group_advantages(d.reward_advantage, rewards, capacity, cfg.adv_eps, valid)
+    group = group_advantages(d.reward_advantage, rewards.rewards, capacity, cfg.adv_eps, valid)
     adv = adv + d.reward_weight * jnp.where(mask, group[:, None], 0.0)
   return adv, {}
 
 
 TOKEN_ESTIMATORS.add("opd", TokenEstimator(_opd, needs_values=False))
+
+
+def check(stage, name: str) -> None:
+  problem = _problem(stage, name)
+  if problem:
+    raise ValueError(problem)
+
+
+def _roles(stage, name: str) -> list[tuple[str, str]]:
+  return [(role, f"{name}.distill.teacher={role!r}: the stage distils from that model ({name}.advantage="
+                 f"{stage.advantage!r}, loss terms {list(stage.loss_terms.keys())})")
+          for role in distill_roles(stage)]
+
+
+RL_SECTIONS.add("distill", Section(distill_defaults, check, _roles,
+                                   doc="on-policy distillation from a teacher role (advantage opd, loss terms "
+                                       "opd, reverse_kl, forward_kl, jsd; rlkit/train/distill.py)"))
+SCORERS.add("teacher", ScorerSpec(teacher_scorer, order=30))
+SCORERS.add("xtok_teacher", ScorerSpec(xtok_teacher_scorer, order=40))

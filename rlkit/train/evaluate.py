@@ -10,7 +10,9 @@ the probability that k of the n samples drawn without replacement include a corr
 never forms a binomial coefficient, so it stays exact in float64 for any n. With n = k it is the direct rule
 (solved if any of the k samples is accepted); a larger n gives the same expectation with less variance. The
 evaluated prompts are always the first `eval.num_examples` records of the test split, so numbers are
-comparable across steps, stages and runs. With `by_category` (config `eval.by_category`) the greedy accuracy
+comparable across steps, stages and runs, except for a task that scores a whole benchmark (it has an
+`eval_limit`, see `evaluated_records`: ProcessBench, whose headline averages subsets that its file holds one
+after the other, so the first records would be one subset's). With `by_category` (config `eval.by_category`) the greedy accuracy
 is also reported per category of the task's `category(example)` (arithmetic: the operators), as
 `eval/accuracy/<category>`: which skill a policy gains or loses.
 
@@ -51,6 +53,34 @@ def pass_at_k(n: int, num_correct: Any, k: int) -> np.ndarray:
   return 1.0 - np.prod(factors, axis=-1)
 
 
+def evaluated_records(task: Any, test: Sequence, num_examples: int) -> list:
+  """The records an evaluation scores: the first `num_examples` (eval.num_examples) of the test split.
+
+  A task that scores a whole benchmark says so with an `eval_limit` attribute (the `processbench` task's
+  kwarg), and eval.num_examples does not apply to it: eval_limit 0 takes every record, N the first N of each
+  of its categories (`task.category`: ProcessBench's subsets, so a limited run still averages every subset),
+  and a note says that the numbers are not the whole benchmark's.
+  """
+  limit = getattr(task, "eval_limit", None)
+  if limit is None:
+    return [test[i] for i in range(min(num_examples, len(test)))]
+  records = [test[i] for i in range(len(test))]
+  if not limit:
+    return records
+  taken: dict[str, int] = {}
+  kept = []
+  for record in records:
+    category = task.category(as_text_record(record))
+    if taken.get(category, 0) < limit:
+      taken[category] = taken.get(category, 0) + 1
+      kept.append(record)
+  if len(kept) < len(records) and jax.process_index() == 0:
+    print(f"note: task {task.name!r} evaluation (limited to {len(kept)} of {len(records)} examples: the first "
+          f"{limit} of each of {len(taken)} categories, task.kwargs.eval_limit={limit}; 0 scores the whole set, "
+          "as the benchmark does)", flush=True)
+  return kept
+
+
 def _chunks(records: Sequence[dict], size: int):
   """Fixed-size chunks (the last one padded with repeats, so the sampler compiles once)."""
   for start in range(0, len(records), size):
@@ -63,16 +93,23 @@ def _chunks(records: Sequence[dict], size: int):
 def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequence[dict], key: jax.Array, *,
              batch_size: int, max_prompt_len: int, max_new_tokens: int, pass_k: int,
              pass_n: int = 0, put_batch: Optional[Callable[[dict], dict]] = None,
-             by_category: bool = False) -> dict[str, float]:
+             by_category: bool = False, log_samples: int = 0, samples: Optional[list] = None
+             ) -> dict[str, float]:
   """Greedy accuracy, mean response length and (pass_k > 0) `eval/pass@{pass_k}` from pass_n samples per prompt.
+
+  With `samples` (a list) and `log_samples` > 0, the first `log_samples` greedy rows this process verified are
+  appended to it as `{"prompt", "completion", "answer", "correct"}` (the rows a run shows; process 0's are the
+  first records of the set): they come from the greedy pass that the accuracy counts, so showing them costs
+  no sampling.
 
   pass_n = 0 means n = k. The samples are drawn in rounds of k per prompt (the sampler's batch stays
   batch_size * k whatever n is, and n = k draws exactly the samples it always did); a last partial round's
   extra samples are dropped unverified. Multi-process: each process verifies its slice of every chunk of
   `batch_size` prompts (`put_batch` makes the global batch), so the numbers equal a one-process run's.
   """
-  if pass_k < 0 or pass_n < 0:
-    raise ValueError(f"eval.pass_k={pass_k} and eval.pass_n={pass_n} must be >= 0.")
+  if pass_k < 0 or pass_n < 0 or log_samples < 0:
+    raise ValueError(f"eval.pass_k={pass_k}, eval.pass_n={pass_n} and eval.log_samples={log_samples} must be "
+                     ">= 0.")
   n = pass_n or pass_k
   if pass_k and n < pass_k:
     raise ValueError(f"eval.pass_n={pass_n} < eval.pass_k={pass_k}: pass@k needs n >= k samples per prompt; "
@@ -111,7 +148,11 @@ def evaluate(model: Any, params: Any, tokenizer: Any, task: Any, records: Sequen
     real = max(0, min(real - me * local, local))          # this process's real (unpadded) rows
     batch = prompt_batch(mine, tokenizer, max_prompt_len)
     texts, out_lengths = texts_of(batch["prompt_tokens"], batch["prompt_mask"], key, greedy)
-    correct += [task.verify(t, r["answer"]) for t, r in zip(texts[:real], mine[:real])]
+    verdicts = [task.verify(t, r["answer"]) for t, r in zip(texts[:real], mine[:real])]
+    if samples is not None and len(correct) < log_samples:
+      samples += [{"prompt": r["prompt"], "completion": t, "answer": r["answer"], "correct": bool(ok)}
+                  for t, r, ok in zip(texts, mine, verdicts)][:log_samples - len(correct)]
+    correct += verdicts
     lengths += out_lengths[:real].tolist()
     if by_category:
       categories += [task.category(r) for r in mine[:real]]

@@ -5,8 +5,9 @@ the same prompts, each an `rl_stage.Learner` with the stage's RL settings, and t
 Per iteration: both sample their groups; for every group A fails entirely and B solves at least once, up
 to `graft.rows` of B's successful rows join A's group as `peer` rows (the others are padding rows), and
 with `graft.both` the same from A to B; each learner then scores (its own old log-probs of the foreign
-rows), corrects its own rows, computes advantages over the augmented groups, and its `refine` hook weighs
-the peer rows (truncated ratio, geometric rejection, positive-only) before the update.
+rows), corrects its own rows, computes advantages over the augmented groups, and the `graft` scorer (run
+after the advantages) weighs the peer rows (truncated ratio, geometric rejection, positive-only) before the
+update.
 
 State: A's slice at the top level (`train`, ...), B's under `peer`. Metrics: A's as in the `rl` stage, B's
 prefixed `peer/` (its evaluation too, at A's evaluation steps), and `graft/...` per direction:
@@ -16,6 +17,7 @@ independent baseline: nothing is exchanged, and groups_rescued counts the groups
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +30,9 @@ from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rewards import REWARDS, RewardOutput, take
 from rlkit.train import rl_stage
 from rlkit.core.errors import ConfigError
-from rlkit.train.config import rl_defaults
+from rlkit.train.rl_config import rl_defaults
 from rlkit.train.phases.augment import Augmenter, interleave_groups
+from rlkit.train.phases.score import SCORERS, Scorer, ScorerSpec
 from rlkit.train.rl_metrics import policy_metrics
 from rlkit.train.stages import Stage, eval_metrics, loop, register_stage
 
@@ -73,11 +76,15 @@ def graft_rows(own, own_rewards, peer, peer_rewards, group: int, k: int):
   return samples, rewards, int(np.any(live.reshape(-1, k), axis=1).sum())
 
 
-def make_refine(cfg):
-  """The `refine` hook weighing a learner's peer rows (see the module docstring)."""
-  g = cfg.graft
+def graft_scorer(env) -> Optional[Scorer]:
+  """The `graft` scorer (registry SCORERS, after the advantages) of a graft stage's learners: weighs each
+  learner's peer rows (see the module docstring); absent in stages without a `graft` section."""
+  if "graft" not in env.cfg:
+    return None
+  g = env.cfg.graft
 
-  def refine(batch):
+  def refine(state, batch, samples):
+    del state, samples
     peer = batch.row_source == ROW_SOURCE["peer"]
     mask = batch.loss_mask & peer[:, None]
     w, keep = graft_weights(batch.old_logp, batch.rollout_logp, mask, g.cap, g.geo_low, g.geo_high)
@@ -90,7 +97,10 @@ def make_refine(cfg):
     metrics = dict(zip(("graft/rows", "graft/rows_kept", "graft/tokens_kept", "graft/tokens_rejected"),
                        (float(x) for x in sums)))
     return batch.replace(token_weights=weights, loss_mask=jnp.where(peer[:, None], kept, batch.loss_mask)), metrics
-  return refine
+  return Scorer(refine)
+
+
+SCORERS.add("graft", ScorerSpec(graft_scorer, when="advantages"))
 
 
 def _init(ctx, cfg, params):
@@ -111,9 +121,9 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   executor = rl_stage.reward_executor(cfg)
   try:
     reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, models=ctx.models, **dict(cfg.reward.kwargs))
-    learners = {"": rl_stage.Learner(ctx, cfg, state, reward_fn, augmenter=Augmenter(0), refine=make_refine(cfg)),
+    learners = {"": rl_stage.Learner(ctx, cfg, state, reward_fn, augmenter=Augmenter(0)),
                 "peer/": rl_stage.Learner(ctx, cfg, state["peer"], reward_fn, model=peer.module,
-                                          augmenter=Augmenter(0), refine=make_refine(cfg))}
+                                          augmenter=Augmenter(0))}
 
     def iteration(state, batch, key, iterator, step):
       slices = {"": state, "peer/": state["peer"]}
@@ -132,7 +142,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
           capacity = group + k
         own = {name: v for name, v in slices[prefix].items() if name != "peer"}
         new[prefix], learned, skipped, _ = learners[prefix].learn(own, samples, rewards, capacity,
-                                                                  jax.random.fold_in(key, 10 + i))
+                                                                  jax.random.fold_in(key, 10 + i), step)
         learned["graft/groups_rescued"] = float(process_sum([rescued])[0])
         metrics.update({prefix + name: v for name, v in learned.items()})
         flags = skipped if flags is None else flags       # the policy's updates drive the non-finite guard

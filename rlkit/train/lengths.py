@@ -63,7 +63,7 @@ def _where(config, split: str) -> str:
 
 def needed_lengths(config, tokenizer) -> dict[str, tuple[int, str]]:
   """{limit key: (the data's longest, which example)} for the limits the configured stages use."""
-  from rlkit.train.stages import STAGES
+  from rlkit.train.catalog import STAGES
   needed: dict[str, tuple[int, str]] = {}
 
   def need(key: str, length: int, where: str) -> None:

@@ -1,8 +1,12 @@
-"""Run logging: `workdir/metrics.jsonl`, wandb (offline by default), a tqdm bar, and a PNG of the curves.
+"""Run logging: `workdir/metrics.jsonl`, `workdir/samples.jsonl`, wandb (offline by default), a tqdm bar.
 
 Every row of metrics.jsonl is one JSON object with `step` (global, across stages), `stage` and the metrics
-of that step; eval rows carry `eval/...` keys. On resume, rows past the restored step are dropped first, so
-the file of a resumed run is identical in content to an uninterrupted one (wall-clock fields aside).
+of that step; eval rows carry `eval/...` keys. samples.jsonl holds, per evaluation, a few of the greedy
+completions it scored (`eval.log_samples` per eval set: `step`, `stage`, `set`, `prompt`, `completion`,
+`answer`, `correct`), also shown on the console and as a wandb table (`eval/samples`), as verl and TRL show
+theirs: what the model writes, not only how often it is right. On resume, rows of both files past the
+restored step are dropped first, so the files of a resumed run are identical in content to an uninterrupted
+one's (wall-clock fields aside).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any, Optional
 import numpy as np
 
 
+SAMPLES_FILE = "samples.jsonl"
 # Wall-clock fields differ between two runs of the same config; everything else must not.
 TIMING_KEYS = ("time", "tokens_per_s", "sample_s", "update_s", "step_s", "gen_tokens_per_s")
 
@@ -47,17 +52,15 @@ class MetricsLogger:
                enabled: bool = True):
     """`enabled=False` (every process but 0 of a multi-host run) writes nothing and starts no wandb run."""
     self.path = os.path.join(workdir, "metrics.jsonl")
+    self.samples_path = os.path.join(workdir, SAMPLES_FILE)
     self.workdir = workdir
     self._enabled = enabled
     self._bar = None
     if not enabled:
       return
-    rows = read_metrics(self.path)
-    if resume_step is None:
-      rows = []
-    else:
-      rows = [r for r in rows if r["step"] <= resume_step]
-    self._write_all(rows)
+    for path in (self.path, self.samples_path):
+      kept = [] if resume_step is None else [r for r in read_metrics(path) if r["step"] <= resume_step]
+      _write_all(path, kept)
     self._file = open(self.path, "a")
     self._progress = progress
     self._wandb = None
@@ -65,13 +68,6 @@ class MetricsLogger:
       import wandb
       self._wandb = wandb.init(project=project, mode=wandb_mode, dir=workdir, config=config,
                                resume="allow", id=_run_id(workdir))
-
-  def _write_all(self, rows: list[dict]) -> None:
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      for r in rows:
-        f.write(json.dumps(r) + "\n")
-    os.replace(tmp, self.path)
 
   def start_stage(self, name: str, total: int, initial: int = 0) -> None:
     if not self._enabled or not self._progress:
@@ -93,6 +89,22 @@ class MetricsLogger:
     if self._bar is not None and show:
       self._bar.set_postfix({k: f"{row[k]:.3g}" for k in show if isinstance(row.get(k), (int, float))},
                             refresh=False)
+
+  def log_samples(self, step: int, stage: str, rows: list[dict]) -> None:
+    """Evaluation rows (`set`, `prompt`, `completion`, `answer`, `correct`) of one evaluation: appended to
+    samples.jsonl with `step` and `stage`, shown on the console (clipped), and logged as a wandb table."""
+    if not self._enabled or not rows:
+      return
+    rows = [{"step": int(step), "stage": stage, **{k: _jsonable(v) for k, v in r.items()}} for r in rows]
+    with open(self.samples_path, "a") as f:
+      f.write("".join(json.dumps(r) + "\n" for r in rows))
+    for line in sample_lines(rows, self.samples_path):
+      self.say(line)
+    if self._wandb is not None:
+      import wandb
+      columns = list(dict.fromkeys(k for r in rows for k in r))
+      self._wandb.log({"eval/samples": wandb.Table(columns=columns, data=[[r.get(k) for k in columns]
+                                                                          for r in rows])}, step=int(step))
 
   def advance(self, n: int = 1) -> None:
     if self._bar is not None:
@@ -119,6 +131,36 @@ class MetricsLogger:
     self._file.close()
     if self._wandb is not None:
       self._wandb.finish()
+
+
+def _write_all(path: str, rows: list[dict]) -> None:
+  with open(path + ".tmp", "w") as f:
+    for r in rows:
+      f.write(json.dumps(r) + "\n")
+  os.replace(path + ".tmp", path)
+
+
+def _clip(text: str, width: int) -> str:
+  """`text` as a Python literal (newlines and trailing spaces visible) of at most `width` characters: a long
+  one keeps its head and its tail, where a prompt's question and a completion's answer are."""
+  text = repr(text)
+  if len(text) <= width:
+    return text
+  head = (width - 3) // 2
+  return text[:head] + "..." + text[len(text) - (width - 3 - head):]
+
+
+def sample_lines(rows: list[dict], where: str = SAMPLES_FILE) -> list[str]:
+  """The console view of one evaluation's sample rows: a header per eval set, then one line per row,
+  "[right] '3+4=' -> '7' (answer '7')"."""
+  lines = []
+  for name in dict.fromkeys(r["set"] for r in rows):
+    mine = [r for r in rows if r["set"] == name]
+    lines.append(f"samples {mine[0]['stage']} @ step {mine[0]['step']}, eval set {name!r} (its first "
+                 f"{len(mine)} prompts; also in {os.path.basename(where)}):")
+    lines += [f"  [{'right' if r['correct'] else 'wrong'}] {_clip(r['prompt'], 50)} -> "
+              f"{_clip(r['completion'], 60)} (answer {_clip(r['answer'], 30)})" for r in mine]
+  return lines
 
 
 def _run_id(workdir: str) -> str:

@@ -15,7 +15,8 @@ the tokenizer's `{"kind", "path"}`, written by `Checkpointer(..., model_spec=...
 are read, by an Orbax partial restore (`checkpoint.CheckpointReader.restore_params`), so loading needs neither
 the optimizer that wrote the checkpoint nor the structure of its state. Params land on the mesh by the same
 partition rules as the policy (`rlkit.parallel.rules`); from a checkpoint each array is read straight into
-its shards.
+its shards. A run says in one line what it loaded (`loaded_line`: source, checkpoint step, parameters in total
+and trainable), and Orbax's warning that the source's checkpoints open read-only (as they should) is dropped.
 
 `build_models(config.models, ...)` gives one `Model(module, params, tokenizer, trainable)` per role. A role
 section is `role_model_defaults()`: the policy's `model_defaults()` fields plus `trainable` (frozen models,
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import zlib
 from typing import Any, Mapping, NamedTuple, Optional
@@ -38,8 +40,9 @@ from typing import Any, Mapping, NamedTuple, Optional
 import jax
 import ml_collections
 import numpy as np
+from absl import logging as absl_logging
 
-from rlkit.models.lora import add_adapters, has_adapters, merge, with_saved_adapters
+from rlkit.models.lora import add_adapters, has_adapters, merge, trainable_mask, with_saved_adapters
 from rlkit.models.tokenizer import Tokenizer, make_tokenizer
 from rlkit.models.transformer import Transformer, TransformerConfig
 from rlkit.parallel.rules import param_shardings, shard_params, sharded_init
@@ -128,7 +131,7 @@ def tokenizer_spec(config) -> dict[str, str]:
     if kind == "hf":
       spec["path"] = folder
     else:
-      reader = ckpt.CheckpointReader(folder)
+      reader = _reader(folder)
       try:
         spec = dict(reader.model_spec(reader.latest_step() if step is None else step)["tokenizer"])
       finally:
@@ -192,8 +195,28 @@ def _abstract_params(module: Transformer) -> Any:
   return jax.eval_shape(lambda: module.init(jax.random.key(0), np.zeros((1, 1), np.int32))["params"])
 
 
+class _ReadOnlyWarningFilter(logging.Filter):
+  """Drops Orbax's warning "Given directory is read only=..." (absl, at WARNING): a reader opens another run's
+  checkpoints read-only on purpose, and the warning made every run that loads model.path look broken."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Given directory is read only")
+
+
+def _reader(directory: str) -> ckpt.CheckpointReader:
+  """A `CheckpointReader` of `directory`, opened without Orbax's read-only warning (`_ReadOnlyWarningFilter`)."""
+  quiet = _ReadOnlyWarningFilter()
+  absl_logger = absl_logging.get_absl_logger()
+  absl_logger.addFilter(quiet)
+  try:
+    return ckpt.CheckpointReader(directory)
+  finally:
+    absl_logger.removeFilter(quiet)
+
+
 def _load_checkpoint(directory: str, step: Optional[int], dtype, param_dtype, attention, mesh):
-  reader = ckpt.CheckpointReader(directory)
+  reader = _reader(directory)
+  source = f"rlkit checkpoint {reader.step_dir(step)} (global step {step})" if step is not None else None
   try:
     if step is None:   # a workdir: its newest checkpoint
       step = reader.latest_step()
@@ -202,6 +225,7 @@ def _load_checkpoint(directory: str, step: Optional[int], dtype, param_dtype, at
                                 f"{directory}; point the model path at a workdir whose run saved one "
                                 "(checkpoint.every), or at another source.")
     where = reader.step_dir(step)
+    source = source or f"rlkit workdir {os.path.dirname(directory)} (its newest checkpoint: global step {step})"
     spec = reader.model_spec(step)
     module = Transformer(_override(_config_from_spec(spec, where), dtype, param_dtype, attention))
     shapes = with_saved_adapters(_abstract_params(module), reader.saved_params(step))
@@ -212,7 +236,8 @@ def _load_checkpoint(directory: str, step: Optional[int], dtype, param_dtype, at
       shardings = param_shardings(shapes, mesh)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
     params = reader.restore_params(step, target)
-    params = merge(params) if has_adapters(params) else params     # a LoRA run's policy loads merged
+    if has_adapters(params):     # a LoRA run's policy loads merged
+      params, source = merge(params), source + ", its LoRA adapters merged"
   finally:
     reader.close()
   try:
@@ -222,7 +247,7 @@ def _load_checkpoint(directory: str, step: Optional[int], dtype, param_dtype, at
                      f"({e!r}).") from None
   except (FileNotFoundError, ValueError) as e:
     raise type(e)(f"Checkpoint {where} names tokenizer {spec['tokenizer']}, which does not load: {e}") from None
-  return module, params, tokenizer
+  return module, params, tokenizer, source
 
 
 def load_model(path: str, *, dtype: Optional[str] = None, param_dtype: Optional[str] = None,
@@ -234,6 +259,11 @@ def load_model(path: str, *, dtype: Optional[str] = None, param_dtype: Optional[
   placed by the policy's partition rules, else on the first local device. `tokenizer` is None for a
   Hugging Face folder without tokenizer.json.
   """
+  return _load(path, dtype, param_dtype, attention, mesh)[:3]
+
+
+def _load(path, dtype, param_dtype, attention, mesh):
+  """`load_model`'s `(module, params, tokenizer)` and what was loaded, in words (for `loaded_line`)."""
   path = os.fspath(path)
   kind, folder, step = resolve_source(path)
   if kind == "checkpoint":
@@ -243,50 +273,74 @@ def load_model(path: str, *, dtype: Optional[str] = None, param_dtype: Optional[
   if mesh is not None:
     params = shard_params(params, mesh)
   has_tokenizer = os.path.isfile(os.path.join(folder, "tokenizer.json"))
-  return module, params, tokenizer_from_spec({"kind": "hf", "path": folder}) if has_tokenizer else None
+  with open(os.path.join(folder, "config.json")) as f:
+    model_type = json.load(f)["model_type"]
+  return (module, params, tokenizer_from_spec({"kind": "hf", "path": folder}) if has_tokenizer else None,
+          f"Hugging Face folder {folder} ({model_type})")
+
+
+def loaded_line(where: str, source: str, params: Any, trainable: bool = True) -> str:
+  """One line on a model loaded from a path: the source (kind, path, checkpoint step) and its parameters, in
+  total and trainable (under LoRA only the adapters; a frozen role none), e.g.
+  "model: loaded rlkit workdir /tmp/a (its newest checkpoint: global step 8); 61,536 parameters, 8,192
+  trainable (LoRA adapters; the base weights frozen)"."""
+  sizes = [int(np.prod(x.shape)) for x in jax.tree.leaves(params)]
+  total = sum(sizes)
+  if not trainable:
+    what = "frozen"
+  elif has_adapters(params):
+    n = sum(size for size, train in zip(sizes, jax.tree.leaves(trainable_mask(params))) if train)
+    what = f"{n:,} trainable (LoRA adapters; the base weights frozen)"
+  else:
+    what = "all trainable"
+  return f"{where}: loaded {source}; {total:,} parameters, {what}"
 
 
 # ----------------------------------------------------------------------------------------- building
 
-def _build(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_own: bool):
+def _build(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_own: bool, say=None,
+           trainable: bool = True):
   """(module, params, the source's tokenizer or None) of one model section, with LoRA adapters when
   `section.lora.rank` > 0 (rlkit/models/lora.py); the model is checked against the tokenizer it will be used
-  with: the source's when `use_own` and it has one, else `tokenizer`."""
-  module, params, own = _build_base(section, tokenizer, key, mesh, where, use_own)
+  with: the source's when `use_own` and it has one, else `tokenizer`. A loaded model is reported to `say`."""
+  module, params, own, source = _build_base(section, tokenizer, key, mesh, where, use_own)
   if section.lora.rank:
     params = add_adapters(params, section.lora, jax.random.fold_in(key, 0x10A))
     params = params if mesh is None else shard_params(params, mesh)
+  if source and say is not None:
+    say(loaded_line(where, source, params, trainable))
   return module, params, own
 
 
 def _build_base(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_own: bool):
   if section.path:
-    module, params, own = load_model(section.path, dtype=section.dtype, param_dtype=section.param_dtype,
-                                     attention=section.attention, mesh=mesh)
+    module, params, own, source = _load(section.path, section.dtype, section.param_dtype, section.attention,
+                                        mesh)
     user = (own if use_own else None) or tokenizer
     if module.cfg.vocab_size < user.vocab_size:
       raise ValueError(f"{where}.path={section.path!r} has vocab_size={module.cfg.vocab_size}, smaller than "
                        f"its tokenizer's {user.vocab_size} ({user!r}); use the tokenizer it was trained with.")
-    return module, params, own
+    return module, params, own, source
   module = Transformer(transformer_config(section, tokenizer.vocab_size))
   init = lambda k: module.init(k, np.zeros((1, 1), np.int32))["params"]  # noqa: E731
-  return module, sharded_init(init, key, mesh), None
+  return module, sharded_init(init, key, mesh), None, None
 
 
-def build_model(section, tokenizer: Tokenizer, key: jax.Array, mesh) -> tuple[Transformer, Any]:
+def build_model(section, tokenizer: Tokenizer, key: jax.Array, mesh, say=None) -> tuple[Transformer, Any]:
   """(module, params) of a model section: loaded from `section.path` (see `load_model`), else initialised
-  from the fields with `key`, directly sharded on `mesh`. The model must cover `tokenizer`'s vocabulary."""
-  module, params, _ = _build(section, tokenizer, key, mesh, "model", use_own=False)
+  from the fields with `key`, directly sharded on `mesh`. The model must cover `tokenizer`'s vocabulary.
+  A loaded one is reported to `say` (a print) in one line, `loaded_line`."""
+  module, params, _ = _build(section, tokenizer, key, mesh, "model", use_own=False, say=say)
   return module, params
 
 
-def build_models(models_section, tokenizer: Tokenizer, key: jax.Array, mesh) -> dict[str, Model]:
+def build_models(models_section, tokenizer: Tokenizer, key: jax.Array, mesh, say=None) -> dict[str, Model]:
   """One `Model` per role of `config.models` (each a `role_model_defaults()` section).
 
   A role's tokenizer is its `tokenizer` section's when that names a kind, else its source's when it has one
   (a checkpoint, an HF folder with tokenizer.json), else `tokenizer` (the run's); the model is built for, or
   checked against, that tokenizer. A role initialised from fields draws from `fold_in(key, crc32(role))`, so
-  adding or renaming another role does not change it.
+  adding or renaming another role does not change it. A loaded role is reported to `say`, as in `build_model`.
   """
   out = {}
   for role in models_section.keys():
@@ -294,6 +348,6 @@ def build_models(models_section, tokenizer: Tokenizer, key: jax.Array, mesh) -> 
     role_key = jax.random.fold_in(key, zlib.crc32(role.encode()) & 0x7FFFFFFF)
     named = role_tokenizer(section, f"models.{role}")
     module, params, own = _build(section, named or tokenizer, role_key, mesh, f"models.{role}",
-                                 use_own=named is None)
+                                 use_own=named is None, say=say, trainable=bool(section.trainable))
     out[role] = Model(module, params, named or own or tokenizer, bool(section.trainable))
   return out

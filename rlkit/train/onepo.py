@@ -3,8 +3,9 @@ registered components and one config section, `rl.onepo`.
 
   augmenter `onepo`            up to `onepo.teacher_rows` teacher rows per group, real only in guided groups
                                (on-policy accuracy <= `onepo.max_accuracy`) and while alpha(t) > 0, each with
-                               loss weight alpha(t) (Samples.weight -> TrainBatch.token_weights); the others
-                               are padding rows. The teacher: `onepo.teacher = "demonstration"` (the task's
+                               loss weight alpha(t): the traced step input `rows/teacher`, a linear schedule
+                               alpha0 -> 0 over `onepo.anneal_steps` (or the `rl.schedules` entry of that
+                               name), so the step never recompiles for it; the others are padding rows. The teacher: `onepo.teacher = "demonstration"` (the task's
                                scripted solution) or a role of `config.models` whose samples answer the
                                prompt (same tokenizer as the policy).
   advantage `mixed_group`      group advantages over the union of policy and teacher rows (`onepo.
@@ -19,22 +20,25 @@ rl.surrogate_rows=("policy",)`. With `onepo.anneal_steps = 0` the augmenter adds
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from rlkit.core.sections import RL_SECTIONS, Section
 from rlkit.core.types import ROW_SOURCE, Metric, Rollout
 from rlkit.objectives.loss_terms import LOSS_TERMS
 from rlkit.objectives import group_advantages
-from rlkit.objectives.onepo import anneal, mixed_group_advantages, shaped_offpolicy_loss
+from rlkit.objectives.onepo import mixed_group_advantages, shaped_offpolicy_loss
+from rlkit.optim.schedules import make_schedule
 from rlkit.rewards import RewardOutput
 from rlkit.rollout.sampler import generate
 from rlkit.train.phases.advantages import TOKEN_ESTIMATORS, TokenEstimator
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, Augmenter, AugmenterSpec, interleave_groups
 from rlkit.train.phases.augment import response_rows
-from rlkit.train.phases.collect import Samples
+from rlkit.train.phases.collect import Samples, sampling_config
 from rlkit.train.phases.reward import compute_rewards
 
 
@@ -54,6 +58,21 @@ def _extra_rows(cfg) -> int:
   return cfg.onepo.teacher_rows if cfg.onepo.anneal_steps > 0 else 0
 
 
+def _schedules(cfg) -> dict:
+  """alpha(t) = alpha0 max(0, 1 - t / anneal_steps), the teacher rows' weight: a linear schedule of the step
+  input `rows/teacher` (none without guidance)."""
+  o = cfg.onepo
+  if not _extra_rows(cfg):
+    return {}
+  return {"rows/teacher": {"kind": "linear", "start": o.alpha0, "end": 0.0, "steps": o.anneal_steps}}
+
+
+def teacher_weight(cfg) -> Callable[[int], float]:
+  """alpha(t): the `rl.schedules` entry `rows/teacher` if the config sets one, else OnePO's anneal."""
+  spec = cfg.schedules.get("rows/teacher") or _schedules(cfg).get("rows/teacher")
+  return make_schedule(spec) if spec else (lambda step: 0.0)
+
+
 def _group_accuracy(rewards: RewardOutput, group_size: int) -> np.ndarray:
   correct = rewards.correct if rewards.correct is not None else rewards.rewards > 0
   return np.asarray(correct, np.float64).reshape(-1, group_size).mean(1)
@@ -69,7 +88,6 @@ def _demonstration_teacher(cfg, env: AugmentEnv):
 
 
 def _model_teacher(cfg, env: AugmentEnv):
-  from rlkit.train.rl_stage import sampling_config
   o = cfg.onepo
   teacher = env.models.get(o.teacher)
   if teacher is None:
@@ -98,10 +116,10 @@ def onepo_augmenter(cfg, env: AugmentEnv) -> Augmenter:
   if m == 0:
     return Augmenter(0)
   respond = TEACHERS.get(o.teacher, _model_teacher)(cfg, env)
-  tok = env.tokenizer
+  tok, weight = env.tokenizer, teacher_weight(cfg)
 
   def add(samples: Samples, rewards: RewardOutput, key, step):
-    alpha = anneal(step, o.alpha0, o.anneal_steps)
+    alpha = weight(step)
     guided = (_group_accuracy(rewards, group) <= o.max_accuracy) & (alpha > 0)        # [groups]
     rows = np.repeat(np.arange(0, len(samples), group), m)                           # M per group
     base = samples.take(rows)
@@ -119,21 +137,21 @@ def onepo_augmenter(cfg, env: AugmentEnv) -> Augmenter:
                       lengths=dev["lengths"], finished=dev["finished"], group_ids=ro.group_ids,
                       extras={k: jnp.zeros_like(v) for k, v in ro.extras.items()})
     source = np.where(live, ROW_SOURCE["teacher"], ROW_SOURCE["padding"]).astype(np.int32)
-    extra = dataclasses.replace(base, rollout=rollout, row_source=source, valid=live,
-                                weight=np.full(len(rows), alpha, np.float32))
+    # weighted alpha(t) in the step (the step input rows/teacher), not here
+    extra = dataclasses.replace(base, rollout=rollout, row_source=source, valid=live, weight=None)
     extra_rewards = compute_rewards(env.reward_fn, extra, tok, cfg)
-    samples = dataclasses.replace(samples, weight=samples.weights())
     return interleave_groups(samples, rewards, extra, extra_rewards, group, m)
 
   return Augmenter(m, add)
 
 
-AUGMENTERS.add("onepo", AugmenterSpec(onepo_augmenter, _extra_rows))
+AUGMENTERS.add("onepo", AugmenterSpec(onepo_augmenter, _extra_rows, schedules=_schedules))
 
 
-def _mixed_group(rewards, batch, cfg, capacity, valid):
+def _mixed_group(arrays, batch, cfg, capacity, valid):
   # The union baseline is GRPO over a group's valid rows: the `group` estimator itself, so a batch without
   # teacher rows (no guided group, or guidance over) gets exactly plain GRPO's advantages.
+  rewards = arrays.rewards
   grpo = group_advantages("group", rewards, capacity, cfg.adv_eps, valid=valid)
   if not cfg.onepo.teacher_in_baseline:
     teacher = batch.row_source == ROW_SOURCE["teacher"]
@@ -161,3 +179,22 @@ def shaped_offpolicy_term(cfg):
     return loss, {"shaped/teacher_p_sum": Metric(p_sum, "sum"),
                   "shaped/teacher_tokens": Metric(mask.sum().astype(jnp.float32), "sum")}
   return term
+
+
+def check(stage, name: str) -> None:
+  o = stage.onepo
+  if not (o.teacher_rows >= 1 and o.anneal_steps >= 0 and o.alpha0 >= 0 and o.gamma > 0
+          and 0 <= o.max_accuracy <= 1):
+    raise ValueError(f"{name}.onepo={o.to_dict()!r} needs teacher_rows >= 1, anneal_steps >= 0, alpha0 >= 0, "
+                     "gamma > 0, 0 <= max_accuracy <= 1.")
+
+
+def _roles(stage, name: str) -> list[tuple[str, str]]:
+  teacher = stage.onepo.teacher
+  if stage.get("augment") != "onepo" or teacher == "demonstration":
+    return []
+  return [(teacher, f"{name}.onepo.teacher={teacher!r} is neither 'demonstration' nor a role of config.models")]
+
+
+RL_SECTIONS.add("onepo", Section(onepo_defaults, check, _roles,
+                                 doc="OnePO's guidance (augment=onepo, advantage=mixed_group, shaped_offpolicy)"))

@@ -9,7 +9,10 @@ model's final hidden states over the prompt and response tokens, computed once f
 std as their fixed standardisation (`rating_scale`) unless `head_kwargs` sets them.
 
 One iteration: `batch_size` examples drawn by a seeded stream indexed by the step (a resumed stage draws the same
-ones), one jitted Adam step on the head. Evaluations (every `eval_every`, and at the end) add, on the held-out
+ones), one step of the head through the shared update step (rlkit/train/steps.py: its non-finite guard skips
+an update whose loss or gradient is not finite, and counts it in `skipped_updates`); the head's loss draws its
+noise from the iteration's key. The stage's state is {"train": the frozen decoder's TrainState, "head": the
+head's TrainState}. Evaluations (every `eval_every`, and at the end) add, on the held-out
 examples that carry ratings, the W1 distance and CRPS of the head's samples against the ratings
 (`eval/rm/w1`, `eval/rm/crps`; rlkit/rewards/reward_metrics.py) to the model's usual evaluation. At the end the
 head is written to <workdir>/reward_model/<stage name>/.
@@ -24,16 +27,18 @@ import ml_collections
 import numpy as np
 import optax
 
+from rlkit.core.errors import ConfigError
+from rlkit.core.types import Metric
 from rlkit.data.pipeline import decode_record
-from rlkit.optim.optimizers import make_optimizer
-from rlkit.rewards.reward_heads import build_head, head_spec, rating_scale
+from rlkit.optim.optimizers import gradient_path, make_optimizer
+from rlkit.rewards.head_catalog import build_head, head_spec
+from rlkit.rewards.reward_heads import rating_scale
 from rlkit.rewards.reward_metrics import crps, wasserstein1
 from rlkit.rewards.reward_model import embed, save_head
-from rlkit.core.errors import ConfigError
 from rlkit.train.config import optimizer_defaults
 from rlkit.train.models import Model
 from rlkit.train.stages import Stage, loop, register_stage
-from rlkit.train.steps import init_train_state
+from rlkit.train.steps import init_train_state, make_update_step
 
 
 def reward_model_defaults() -> ml_collections.ConfigDict:
@@ -114,7 +119,8 @@ def _init(ctx, cfg, params):
   first = jnp.zeros((1, ctx.model.cfg.hidden_size), jnp.float32)
   head = jax.jit(lambda k: spec.init(module, k, first))(jax.random.fold_in(ctx.key, 17))
   tx = make_optimizer(cfg.optimizer, cfg.steps)
-  return {"train": init_train_state(params, optax.set_to_zero()), "head": head, "head_opt": tx.init(head)}
+  return {"train": init_train_state(params, optax.set_to_zero()),
+          "head": init_train_state(head, tx, gradient_path(cfg.optimizer))}
 
 
 class _Steps:
@@ -145,15 +151,11 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   spec = head_spec(cfg.head)
   tx = make_optimizer(cfg.optimizer, cfg.steps)
 
-  @jax.jit
-  def step(head, opt, batch, key):
-    """One Adam step; a non-finite loss or gradient leaves the head and optimizer as they were (skipped)."""
-    (loss, metrics), grads = jax.value_and_grad(spec.loss, has_aux=True)(head, module.apply, key, batch)
-    updates, new_opt = tx.update(grads, opt, head)
-    finite = jnp.isfinite(loss) & jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    return keep(optax.apply_updates(head, updates), head), keep(new_opt, opt), dict(metrics, loss=loss,
-                                                                                    skipped_updates=~finite)
+  def head_loss(head, batch, step_inputs):
+    loss, metrics = spec.loss(head, module.apply, step_inputs["key"], batch)
+    return loss, {name: Metric(value) for name, value in metrics.items()}
+
+  step = make_update_step(head_loss, tx, 1, lambda batch: {}, gradient_path(cfg.optimizer))
 
   draw = jax.jit(lambda head, key, cond: spec.samples(head, module.apply, key, cond, cfg.eval_samples))
   key = jax.random.fold_in(ctx.key, 1000 + meta["stage_index"])
@@ -172,15 +174,16 @@ def _run(ctx, cfg, state, start: int, meta: dict):
 
   def iteration(state, rows, k, iterator, i):
     batch = {name: jnp.asarray(value[rows]) for name, value in data.items()}
-    head, opt, m = step(state["head"], state["head_opt"], batch, k)
-    metrics = {name: float(v) for name, v in m.items()}
+    train, m = step(state["head"], batch, {"key": k})
+    metrics = {name: float(metric.value) for name, metric in m.items()}
     skipped = bool(metrics["skipped_updates"])
     last = i + 1 == cfg.steps
     if last or (cfg.eval_every and (i + 1) % cfg.eval_every == 0):
-      metrics.update(head_eval(head))
+      metrics.update(head_eval(train.params))
     if last and jax.process_index() == 0:
-      save_head(os.path.join(ctx.workdir, "reward_model", meta["stage"]), cfg.head, kwargs, jax.device_get(head))
-    return dict(state, head=head, head_opt=opt), metrics, [skipped]
+      save_head(os.path.join(ctx.workdir, "reward_model", meta["stage"]), cfg.head, kwargs,
+                jax.device_get(train.params))
+    return dict(state, head=train), metrics, [skipped]
 
   it = _Steps(len(ctx.train_source), cfg.batch_size, ctx.config.seed + 1000 * meta["stage_index"])
   return loop(ctx, cfg, state, start, meta, it, iteration, ("loss",))

@@ -5,13 +5,13 @@
   reward    the stage's reward function on one RewardBatch (+ overlong penalty)         phases/reward.py
   filter    which groups to keep, and whether to sample another round (FILTERS)       phases/filter.py
   augment   rows added to each group from elsewhere (AUGMENTERS; none by default)     phases/augment.py
-  score     old / reference (/ other roles') log-probs by the one scorer               phases/score.py
-            (then a host-side step on the scored batch: a teacher with another         train/distill.py
-            tokenizer scores its own tokenization; and the critic's values)            train/critic.py
+  score     the registered scorers the section uses (SCORERS): old / reference /      phases/score.py
+            roles' log-probs, a teacher's (any tokenizer), the critic's values         train/distill.py, critic.py
   correct   the off-policy correction's token weights and rejections (CORRECTIONS)    objectives/correction.py
   advantages per-token advantages (ADVANTAGES, TOKEN_ESTIMATORS)                     phases/advantages.py
+            (then the scorers that act after the advantages: GRAFT's peer-row weights)
   update    epochs x minibatches of the jitted step, a sum of LOSS_TERMS              phases/update.py
-            (then the critic's own updates, with a critic)
+            (then every scorer's own update: the critic's)
 
 Everything a method changes is a registered component named in the config; this module only wires them.
 """
@@ -23,35 +23,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlkit.core.errors import ConfigError
+from rlkit.core.registry import choice, closest_first
+from rlkit.core.sections import check_sections
 from rlkit.core.types import ROW_SOURCE, ROW_SOURCES
 from rlkit.data.pipeline import make_iterator
 from rlkit.models.lora import sampling_params
 from rlkit.objectives.correction import CORRECTIONS
-from rlkit.objectives.correction import check as check_correction
 from rlkit.optim.optimizers import gradient_path, make_optimizer
+from rlkit.optim.schedules import check as check_schedules
+from rlkit.optim.schedules import values_at
 from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rewards import REWARDS, VerifierExecutor, check_reward_kwargs, concat_outputs, take
 from rlkit.rollout.mismatch import from_config as mismatch_from_config
 from rlkit.rollout.mismatch import sampling_model
-from rlkit.rollout.sampler import SamplingConfig
-from rlkit.rollout.scoring import make_scorer
-from rlkit.core.errors import ConfigError
-from rlkit.train.config import rl_defaults
+from rlkit.train.rl_config import rl_defaults
 from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
-from rlkit.train.distill import after_score as distill_after_score
-from rlkit.train.distill import check as check_distill
-from rlkit.train.distill import distill_scorers
-from rlkit.train.critic import build_critic
 from rlkit.train.phases.advantages import with_advantages
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, build_augmenter
-from rlkit.train.phases.collect import Samples, collect
+from rlkit.train.phases.collect import COLLECTORS, Samples, collect, sampling_config
 from rlkit.train.phases.filter import FILTERS, select_rows
 from rlkit.train.phases.reward import compute_rewards
-from rlkit.train.phases.score import score, train_batch
+from rlkit.train.phases.score import ScoreEnv, build_scorers, run_scorers, scorer_state, train_batch
 from rlkit.train.phases.update import ppo_updates
 from rlkit.train.rl_metrics import accuracy, failures, mismatch, policy_metrics
 from rlkit.train.stages import Stage, loop, register_stage
-from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step
+from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step, term_weights
 from rlkit.train import weight_sync
 
 
@@ -65,57 +62,29 @@ def _init(ctx, cfg, params):
 
 def init_policy_state(ctx, cfg, params, module=None, own_reference: bool = False) -> dict:
   """One policy's slice of the stage state: `train`, and as configured `ref_params` (its initial parameters:
-  kl_beta > 0 without a `models.reference`, or `own_reference`), `critic`, `correction`."""
+  kl_beta > 0 without a `models.reference`, or `own_reference`), `correction` and the state of every active
+  scorer that owns one (e.g. `critic`)."""
   state = {"train": init_train_state(params, make_optimizer(cfg.optimizer, _total_updates(cfg)),
                                      gradient_path(cfg.optimizer))}
   if cfg.kl_beta > 0 and ("reference" not in ctx.models or own_reference):
     state["ref_params"] = jax.tree.map(jnp.copy, params)
-  critic = build_critic(ctx, cfg, module).init(params)
-  if critic is not None:
-    state["critic"] = critic
+  state.update(scorer_state(ctx, cfg, params, module))
   correction = CORRECTIONS.get(cfg.correction.name).init(cfg.correction)
   if correction:                                         # e.g. calibrated IS's mismatch scale
     state["correction"] = correction
   return state
 
 
-def sampling_config(cfg, tokenizer) -> SamplingConfig:
-  return SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                        top_p=cfg.top_p, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
-
-
-def _scorers(ctx, cfg, state, sampling, model, ref_params) -> dict:
-  """role -> (jitted scorer, params): the policy (old log-probs), with kl_beta > 0 the reference, every role of
-  `score_roles` (its log-probs go to TrainBatch.extras["<role>_logp"]) and the distillation's teacher
-  (rlkit/train/distill.py)."""
-  policy = make_scorer(model, sampling, cfg.replay_routing)
-  scorers = {"policy": (policy, None)}
-  for role in cfg.score_roles:
-    scorers[role] = (make_scorer(ctx.models[role].module, sampling), ctx.models[role].params)
-  scorers.update(distill_scorers(ctx, cfg, sampling))
-  if cfg.kl_beta > 0:
-    if "reference" in ctx.models and ref_params is None:
-      ref = ctx.models["reference"]
-      scorers["reference"] = (make_scorer(ref.module, sampling), ref.params)
-    else:
-      scorers["reference"] = (policy, ref_params)
-  return scorers
-
-
-def _no_refinement(batch):
-  return batch, {}
-
-
 class Learner:
   """One policy's RL iteration (the phases of the module docstring) over its own slice of the stage state
-  (`train`, `ref_params`, `critic`, `correction`): `sample` collects, rewards and filters; `learn` augments
-  nothing further, scores, corrects, computes advantages, `refine`s (a hook for a stage that adds rows of
-  its own, e.g. GRAFT's peer rows: identity by default) and updates. The `rl` stage is one Learner; the
-  `graft` stage runs two and trades rows between them. `after_score` is a host-side step on the scored
-  batch, `(batch, samples) -> (batch, metrics)` (the cross-tokenizer teacher; identity otherwise)."""
+  (`train`, `ref_params`, `correction` and the scorers' own, e.g. `critic`): `sample` collects, rewards and
+  filters; `learn` scores (the registered scorers active for the section, phases/score.py), corrects,
+  computes advantages, runs the scorers that act after the advantages (e.g. GRAFT's peer-row weights),
+  updates the policy, then every scorer with an update of its own (the critic). The `rl` stage is one
+  Learner; the `graft` stage runs two and trades rows between them."""
 
-  def __init__(self, ctx, cfg, state, reward_fn, model=None, augmenter=None, refine=_no_refinement):
-    self.ctx, self.cfg, self.reward_fn, self.refine = ctx, cfg, reward_fn, refine
+  def __init__(self, ctx, cfg, state, reward_fn, model=None, augmenter=None):
+    self.ctx, self.cfg, self.reward_fn = ctx, cfg, reward_fn
     self.model = ctx.model if model is None else model
     tok = ctx.tokenizer
     tx = make_optimizer(cfg.optimizer, _total_updates(cfg))
@@ -123,8 +92,7 @@ class Learner:
     self.step_fn = make_rl_step(self.model, tx, cfg, self.sampling, cfg.micro_batches, cfg.replay_routing,
                                 gradient_path(cfg.optimizer))
     self.step_inputs = default_step_inputs(cfg)
-    self.scorers = _scorers(ctx, cfg, state, self.sampling, self.model, state.get("ref_params"))
-    self.after_score = distill_after_score(ctx, cfg, self.sampling)
+    self.scorers = build_scorers(ScoreEnv(ctx, cfg, self.sampling, self.model, "ref_params" in state))
     self.keep = FILTERS.get(cfg.filter)
     self.correction = CORRECTIONS.get(cfg.correction.name)
     engine = mismatch_from_config(cfg.rollout_mismatch)
@@ -132,15 +100,23 @@ class Learner:
     # rl.sync: the sampler's own copy of the weights (its mesh and dtype), synced after every update phase
     self.sync, self.sampler_copy = weight_sync.build(cfg.sync, state["train"].params, self.sampler_model,
                                                      ctx.config.model.lora, engine.dtype)
-    self.sampler_model, self.collect = self.sync.model, weight_sync.on_sampler(self.sync, collect)
-    self.critic = build_critic(ctx, cfg, model)
+    self.sampler_model = self.sync.model
+    self.collect = weight_sync.on_sampler(self.sync, COLLECTORS.get(cfg.collector).make(cfg))
     self.augmenter = augmenter or build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
+    # the traced step inputs that follow a schedule: the augmenter's defaults, overridden by rl.schedules
+    self.schedules = {**AUGMENTERS.get(cfg.augment).schedules(cfg), **cfg.schedules.to_dict()}
+
+  def sampler_params(self, params):
+    """What the sampler reads for the policy `params`: its own synced copy (rl.sync), else `params` (LoRA:
+    merged weights or the adapter path)."""
+    return sampling_params(weight_sync.sampling_source(self.sampler_copy, params), self.ctx.config.model.lora)
 
   def sample(self, params, batch, key, iterator):
-    """collect -> reward -> filter in rounds. Returns (samples, rewards, the first round's rewards, rounds)."""
+    """collect -> reward -> filter in rounds, from the sampler's view of the policy `params`. Returns (samples,
+    rewards, the first round's rewards, rounds)."""
     cfg, prompts = self.cfg, self.cfg.prompts_per_step
     parts, outputs, rounds = [], [], 0
-    params = sampling_params(params, self.ctx.config.model.lora)    # LoRA: merged weights or the adapter path
+    params = self.sampler_params(params)
     while True:
       s = self.collect(self.sampler_model, params, batch, jax.random.fold_in(key, rounds), self.sampling,
                        cfg.group_size, self.ctx.put_batch, first_group_id=rounds * prompts, perturb=self.perturb)
@@ -154,14 +130,18 @@ class Learner:
     rows = select_rows(selection, len(samples), cfg.group_size, prompts)
     return samples.take(rows), take(rewards, rows), outputs[0], rounds
 
-  def learn(self, state, samples, rewards, capacity, key):
-    """score -> correct -> advantages -> refine -> update (policy, then critic). Returns (state, metrics,
-    skipped, batch)."""
-    cfg, train = self.cfg, state["train"]
-    batch = score(train_batch(samples, None, self.ctx.put_batch),
-                  dict(self.scorers, policy=(self.scorers["policy"][0], train.params)))
-    batch, metrics = self.after_score(batch, samples)
-    batch = self.critic.add_values(state, batch)
+  def inputs_at(self, step: int) -> dict:
+    """The update step's traced inputs at stage step `step`: the loss terms' weights, overridden by every
+    `rl.schedules` entry's value (float32 scalars: a new value does not recompile the step)."""
+    scheduled = values_at(self.schedules, step)
+    return dict(self.step_inputs, **{k: jnp.float32(v) for k, v in scheduled.items()})
+
+  def learn(self, state, samples, rewards, capacity, key, step: int = 0):
+    """score -> correct -> advantages -> score (after advantages) -> update (the policy, then every scorer
+    with an update). `step`: the stage step (the schedules' clock). Returns (state, metrics, skipped, batch)."""
+    cfg = self.cfg
+    batch, metrics = run_scorers(self.scorers["score"], state, train_batch(samples, None, self.ctx.put_batch),
+                                 samples)
     metrics.update(mismatch(batch))
     corrected = self.correction.apply(batch, cfg.correction, state.get("correction", {}))
     batch = batch.replace(token_weights=batch.token_weights * corrected.weights,
@@ -169,33 +149,36 @@ class Learner:
     if corrected.state:
       state = dict(state, correction=corrected.state)
     metrics.update(corrected.metrics)
-    batch = with_advantages(batch, rewards.rewards, cfg, capacity, self.ctx.put_batch, samples.valid)
-    batch, refined = self.refine(batch)
+    batch = with_advantages(batch, rewards, cfg, capacity, self.ctx.put_batch, samples.valid)
+    batch, refined = run_scorers(self.scorers["advantages"], state, batch, samples)
     metrics.update(refined)
-    train, update_metrics, skipped = ppo_updates(self.step_fn, train, batch, key, cfg.ppo_epochs,
-                                                 cfg.minibatches, self.step_inputs)
+    train, update_metrics, skipped = ppo_updates(self.step_fn, state["train"], batch, key, cfg.ppo_epochs,
+                                                 cfg.minibatches, self.inputs_at(step))
     metrics.update(update_metrics)
-    state, critic_metrics = self.critic.update(state, batch, key)
-    metrics.update(critic_metrics)
-    return dict(state, train=train), metrics, skipped, batch
+    metrics.update({f"schedule/{k}": v for k, v in values_at(self.schedules, step).items()})
+    state = dict(state, train=train)
+    for _, scorer in self.scorers["score"] + self.scorers["advantages"]:
+      if scorer.update is not None:
+        state, scorer_metrics = scorer.update(state, batch, key)
+        metrics.update(scorer_metrics)
+    # rl.sync: the sampler's copy follows every update, whichever stage drives this learner
+    self.sampler_copy, synced = weight_sync.update(self.sync, self.sampler_copy, train.params)
+    metrics.update(synced)
+    return state, metrics, skipped, batch
 
   def iteration(self, state, batch, key, iterator, step):
     cfg = self.cfg
     t0 = time.perf_counter()
-    samples, rewards, first, rounds = self.sample(weight_sync.sampling_source(self.sampler_copy,
-                                                                              state["train"].params),
-                                                  batch, key, iterator)
+    samples, rewards, first, rounds = self.sample(state["train"].params, batch, key, iterator)
     lengths = host_rows(samples.rollout.lengths)            # the policy's rows, before any augmentation
     metrics = policy_metrics(rewards, lengths, cfg.group_size)
     samples, rewards = self.augmenter(samples, rewards, jax.random.fold_in(key, 5_000), step)
     sample_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     state, learned, skipped, batch = self.learn(state, samples, rewards, cfg.group_size + self.augmenter.extra_rows,
-                                                key)
+                                                key, step)
     update_s = time.perf_counter() - t1
     metrics.update(learned)
-    self.sampler_copy, synced = weight_sync.update(self.sync, self.sampler_copy, state["train"].params)
-    metrics.update(synced)
     metrics.update(**accuracy(first), **failures(rewards.failures))
     gen_tokens, tokens, teacher = process_sum([lengths.sum(),
                                                host_rows(batch.attention_mask).sum(),
@@ -235,7 +218,6 @@ def validate(section, name: str) -> None:
   """Range checks of an RL section (types and unknown keys are checked by `config_checks.validate`)."""
   from rlkit.objectives import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
   from rlkit.objectives.loss_terms import LOSS_TERMS, SFT_ONLY_TERMS, policy_loss_error
-  from rlkit.train.config_checks import check_optimizer, choice
   from rlkit.train.phases.advantages import all_estimators
 
   def need(ok: bool, key: str, rule: str) -> None:
@@ -256,13 +238,8 @@ def validate(section, name: str) -> None:
   choice(section.aggregation, AGGREGATIONS, f"{name}.aggregation")
   choice(section.kl_estimator, KL_ESTIMATORS, f"{name}.kl_estimator")
   choice(section.filter, FILTERS, f"{name}.filter")
-  choice(section.correction.name, CORRECTIONS, f"{name}.correction.name")
-  try:
-    check_correction(section.correction, f"{name}.correction")
-    mismatch_from_config(section.rollout_mismatch)
-    weight_sync.check(section.sync, f"{name}.sync", section.kind)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  choice(section.collector, COLLECTORS, f"{name}.collector")
+  check_sections(section, name)                # correction, distill, onepo, critic, sync, ... (their own modules)
   choice(section.augment, AUGMENTERS, f"{name}.augment")
   for term in section.loss_terms.keys():
     choice(term, LOSS_TERMS, f"{name}.loss_terms.{term}")
@@ -272,6 +249,13 @@ def validate(section, name: str) -> None:
     if term in SFT_ONLY_TERMS:
       raise ConfigError(f"{name}.loss_terms.{term}: {term!r} is the SFT stage's next-token loss; it does not "
                         "read an RL TrainBatch.")
+  check_schedules(section.schedules, f"{name}.schedules")
+  inputs = {f"weight/{term}" for term in term_weights(section)} | {f"rows/{s}" for s in ROW_SOURCES}
+  for key in section.schedules.keys():
+    if key not in inputs:
+      raise ConfigError(f"{name}.schedules.{key}: not a step input of this stage; schedulable inputs: "
+                        f"{', '.join(closest_first(key, inputs))} (a loss term's weight is an input once the "
+                        "term is configured).")
   for key in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "minibatches", "micro_batches"):
     need(section[key] >= 1, key, "must be >= 1")
   need(section.group_size >= 2 or section.advantage == "batch", "group_size",
@@ -281,16 +265,6 @@ def validate(section, name: str) -> None:
   need(0 < section.top_p <= 1, "top_p", "must be in (0, 1] (1 turns it off)")
   need(0 <= section.gamma <= 1, "gamma", "must be in [0, 1]")
   need(0 <= section.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
-  need(section.critic.value_clip > 0, "critic", "needs critic.value_clip > 0")
-  check_optimizer(section.critic.optimizer, f"{name}.critic.optimizer")
-  need(not section.critic.optimizer.kl_target, "critic",
-       "has critic.optimizer.kl_target > 0: a value model has no policy KL to predict; set it to 0")
-  bad_distill = check_distill(section, name)
-  if bad_distill:
-    raise ConfigError(bad_distill)
-  o = section.onepo
-  need(o.teacher_rows >= 1 and o.anneal_steps >= 0 and o.alpha0 >= 0 and o.gamma > 0 and 0 <= o.max_accuracy <= 1,
-       "onepo", "needs teacher_rows >= 1, anneal_steps >= 0, alpha0 >= 0, gamma > 0, 0 <= max_accuracy <= 1")
   bad = [s for s in section.surrogate_rows if s not in ROW_SOURCE]
   need(not bad and len(section.surrogate_rows) > 0, "surrogate_rows", f"must name row sources of {ROW_SOURCES}")
   need(section.kl_beta >= 0, "kl_beta", "must be >= 0")
@@ -309,9 +283,10 @@ def validate(section, name: str) -> None:
   if rows % parts:
     raise ConfigError(f"{name}: the {rows} rows of an iteration (prompts_per_step x group rows) must divide "
                       f"into minibatches x micro_batches = {parts} equal parts.")
-  if section.augment == "demonstration" and section.replay_routing:
-    raise ConfigError(f"{name}.augment='demonstration' has no sampler routing to replay for its rows; set "
-                      f"{name}.replay_routing=False.")
+  try:
+    AUGMENTERS.get(section.augment).check(section, name)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def distill_defaults():

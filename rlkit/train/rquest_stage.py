@@ -41,11 +41,10 @@ from rlkit.parallel.hosts import host_rows
 from rlkit.rewards import RewardOutput, take
 from rlkit.rewards import question_checker as checker
 from rlkit.rewards import rquest as rq
-from rlkit.train import rl_stage
+from rlkit.train import rl_stage, weight_sync
 from rlkit.core.errors import ConfigError
-from rlkit.train.config import rl_defaults
+from rlkit.train.rl_config import rl_defaults
 from rlkit.train.phases.augment import Augmenter
-from rlkit.train.phases.collect import collect
 from rlkit.train.phases.reward import reward_batch
 from rlkit.train.rl_metrics import policy_metrics
 from rlkit.train.stages import Stage, loop, register_stage
@@ -175,8 +174,9 @@ class _Iteration:
     return prompt_batch(records, self.ctx.tokenizer, self.ctx.config.data.max_prompt_len)
 
   def _sample(self, learner, params, texts, key, group):
-    s = collect(learner.sampler_model, params, self._prompts(texts), key, learner.sampling, group,
-                self.ctx.put_batch, perturb=learner.perturb)
+    params = weight_sync.sampling_source(learner.sampler_copy, params)     # rl.sync: the learner's own copy
+    s = learner.collect(learner.sampler_model, params, self._prompts(texts), key, learner.sampling, group,
+                        self.ctx.put_batch, perturb=learner.perturb)
     return s, reward_batch(s, self.ctx.tokenizer).completions
 
   def _check(self, texts):
@@ -235,7 +235,8 @@ class _Iteration:
     rows = np.flatnonzero(solved.valid)                 # the solver's metrics: over the rows it learns from
     metrics.update(policy_metrics(take(solver_rewards, rows), host_rows(solved.rollout.lengths)[rows], cfg.group_size))
     new, learned, skipped, _ = self.solver.learn({k: v for k, v in state.items() if k not in ("proposer", "rquest")},
-                                                 solved, solver_rewards, cfg.group_size, jax.random.fold_in(key, 4))
+                                                 solved, solver_rewards, cfg.group_size, jax.random.fold_in(key, 4),
+                                                 step)
     metrics.update(learned)
     prop_state, out = prop, [("proposer/", drafts, _reward(scores))]
     if r.judge_samples:
@@ -243,7 +244,7 @@ class _Iteration:
     for i, (prefix, samples, rewards) in enumerate(out):
       section = self.sections[prefix]
       prop_state, learned, _, _ = self.learners[prefix].learn(prop_state, samples, rewards, section.group_size,
-                                                              jax.random.fold_in(key, 5 + i))
+                                                              jax.random.fold_in(key, 5 + i), step)
       metrics.update({prefix + k: v for k, v in learned.items()})
     bank = rq.bank_add(banks["bank"], fps[valid], step)
     seen = rq.bank_add(banks["seen"], text_fps[valid], step)
@@ -267,7 +268,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
 def validate(section, name: str) -> None:
   rl_stage.validate(section, name)
   r = section.rquest
-  from rlkit.train.config_checks import choice
+  from rlkit.core.registry import choice
   from rlkit.train.phases.advantages import TOKEN_ESTIMATORS
   choice(r.reward, rq.PROPOSER_REWARDS, f"{name}.rquest.reward")
   if r.level not in checker.LEVELS or r.labels not in LABELS:

@@ -4,7 +4,10 @@
 resumes from it: finished stages are skipped, the interrupted stage continues from its saved step with its
 saved optimizer state, data-iterator state and PRNG stream, and metrics.jsonl is cut back to that step, so the
 resumed run produces exactly the rows an uninterrupted one would. At the end the curves are plotted to
-`workdir/metrics.png`. Only what the configured stages need (`Stage.needs`) is built.
+`workdir/metrics.png`. Only what the configured stages need (`Stage.needs`) is built. A run from `model.path`
+says what it loaded (models.py, `loaded_line`) and evaluates that model once before its first stage's first
+update (`eval_at_start`; a later stage starts where the previous one's final evaluation left it), so the
+closing summary shows the stage's gain over the loaded model.
 
 Multi-host: every process runs this with the same config; each reads its own slice of every batch, only
 process 0 writes metrics, wandb and the plot, and all processes save and restore checkpoints together (as
@@ -26,20 +29,17 @@ from rlkit.parallel.mesh import mesh_from_config
 from rlkit.parallel.rules import shard_batch
 from rlkit.train.checkpoint import Checkpointer
 from rlkit.train.config import data_files, extra_set_config, stage_config, task_kwargs
+from rlkit.train.evaluate import evaluated_records
 from rlkit.train.lengths import resolve_lengths
 from rlkit.train.metrics import MetricsLogger
 from rlkit.train.plot import plot_metrics
 from rlkit.train.models import build_model, build_models, model_spec, run_tokenizer, tokenizer_spec
-from rlkit.train.stages import STAGES, Context, is_headline, stage_needs
+from rlkit.train.catalog import STAGES, stage_needs
+from rlkit.train.stages import AT_STAGE_START, Context, is_headline
 
 
 def build_task(config):
   return make_task(config.task.name, **task_kwargs(config))
-
-
-def _first(source, n: int) -> list:
-  """The evaluated records: always the first n of the test split, so evaluations are comparable."""
-  return [source[i] for i in range(min(n, len(source)))]
 
 
 def build_data(config, workdir: str) -> dict:
@@ -70,11 +70,12 @@ def _on_lead_first(build):
 
 
 def extra_evals(config, workdir: str) -> dict:
-  """eval.extra_sets: name -> (its task, the first eval.num_examples records of its test split)."""
+  """eval.extra_sets: name -> (its task, the records of its test split it evaluates: `evaluated_records`)."""
   out = {}
   for name in config.eval.extra_sets.keys():
     own = extra_set_config(config, name)
-    out[name] = (build_task(own), _first(_on_lead_first(lambda: build_data(own, workdir))["test"],
+    task = build_task(own)
+    out[name] = (task, evaluated_records(task, _on_lead_first(lambda: build_data(own, workdir))["test"],
                                          config.eval.num_examples))
   return out
 
@@ -99,11 +100,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   test = sources.get("test", [])
   if "data" in needs and not len(test):
     say("warning: no held-out split (data.test_jsonl is empty): evaluation is off for this run.")
-  eval_records = _first(test, config.eval.num_examples)
+  eval_records = evaluated_records(task, test, config.eval.num_examples)
   extra = extra_evals(config, workdir) if "data" in needs else {}
   with jax.set_mesh(mesh):
-    model, params = build_model(config.model, tokenizer, jax.random.fold_in(key, 1), mesh)
-    models = build_models(config.models, tokenizer, jax.random.fold_in(key, 3), mesh)
+    model, params = build_model(config.model, tokenizer, jax.random.fold_in(key, 1), mesh, say=say)
+    models = build_models(config.models, tokenizer, jax.random.fold_in(key, 3), mesh, say=say)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint.every,
                                 config.checkpoint.max_to_keep, model_spec=model_spec(model.cfg, tokenizer_spec(config)))
     resume_step = checkpointer.latest_step()
@@ -148,19 +149,35 @@ def _resume_line(config, workdir: str, step: int, meta: dict) -> str:
 
 
 def summary_lines(evals: list[dict]) -> list[str]:
-  """The last evaluation of every stage side by side: one line per stage, the same columns."""
-  last = {}
+  """The last evaluation of every stage side by side: one line per stage, the same columns. A stage evaluated
+  at its start (a loaded model: `AT_STAGE_START` rows) also gets that line, "<stage> start", and its gain."""
+  start, last = {}, {}
   for row in evals:
-    last[row["stage"]] = row
-  if not last:
+    (start if row.get(AT_STAGE_START) else last)[row["stage"]] = row
+  if not last and not start:
     return []
-  keys = [k for k in dict.fromkeys(k for r in last.values() for k in r) if is_headline(k)]
-  header = f"{'stage':8s} {'step':>6s} " + " ".join(f"{k[len('eval/'):]:>10s}" for k in keys)
-  lines = ["summary (held-out evaluation at the end of each stage):", "  " + header]
-  for stage, row in last.items():
-    cells = " ".join(f"{row[k]:>10.3f}" if isinstance(row.get(k), (int, float)) else f"{'-':>10s}" for k in keys)
-    lines.append(f"  {stage:8s} {row['step']:>6d} {cells}")
+  keys = [k for k in dict.fromkeys(k for r in [*start.values(), *last.values()] for k in r) if is_headline(k)]
+  table = []                                      # (label, step or None, cells)
+  for stage in dict.fromkeys(r["stage"] for r in evals):
+    first, end = start.get(stage), last.get(stage)
+    for label, row in ((f"{stage} start", first), (stage, end)):
+      if row is not None:
+        table.append((label, row["step"], [f"{row[k]:>10.3f}" if _is_number(row.get(k)) else f"{'-':>10s}"
+                                           for k in keys]))
+    if first is not None and end is not None:
+      table.append((f"{stage} gain", None, [f"{end[k] - first[k]:>+10.3f}" if _is_number(end.get(k)) and
+                                            _is_number(first.get(k)) else f"{'-':>10s}" for k in keys]))
+  width = max(8, *(len(label) for label, _, _ in table))
+  note = "; \"start\": a loaded model before its first update" if start else ""
+  lines = [f"summary (held-out evaluation at the end of each stage{note}):",
+           "  " + f"{'stage':{width}s} {'step':>6s} " + " ".join(f"{k[len('eval/'):]:>10s}" for k in keys)]
+  for label, step, cells in table:
+    lines.append(f"  {label:{width}s} {'' if step is None else step:>6} {' '.join(cells)}")
   return lines
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float))
 
 
 def stage_context(ctx: Context, config, name: str) -> Context:
@@ -170,8 +187,9 @@ def stage_context(ctx: Context, config, name: str) -> Context:
     return ctx
   sources = _on_lead_first(lambda: build_data(own, ctx.workdir))
   test = sources.get("test", [])
-  return dataclasses.replace(ctx, task=build_task(own), train_source=sources["train"],
-                             eval_records=_first(test, config.eval.num_examples))
+  task = build_task(own)
+  return dataclasses.replace(ctx, task=task, train_source=sources["train"],
+                             eval_records=evaluated_records(task, test, config.eval.num_examples))
 
 
 def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:
@@ -179,7 +197,10 @@ def _run_stages(ctx: Context, config, params, resume_step, resume_meta) -> Any:
   for index, name in enumerate(config.stages):
     cfg = config[name]
     stage = STAGES.get(cfg.kind)
-    meta = {"stage": name, "stage_index": index, "offset": offsets[index], "seed": config.seed}
+    meta = {"stage": name, "stage_index": index, "offset": offsets[index], "seed": config.seed,
+            # A loaded model's starting point is evaluated (a later stage starts where the last one's final
+            # evaluation left it), so the summary shows the stage's gain over it.
+            "eval_at_start": index == 0 and bool(config.model.path)}
     start, done = 0, False
     if resume_meta is not None and resume_meta["stage_index"] > index:
       ctx.logger.say(f"stage {name}: already finished")

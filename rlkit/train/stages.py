@@ -9,7 +9,10 @@ besides its policy (they must say trainable=True). Kinds: `sft` (rlkit/train/sft
 (rlkit/train/rl_stage.py, the RL iteration as phases; `distill` is it with OPD defaults), `graft`,
 `reward_model`, `rquest` (their modules `<kind>_stage.py`). Checkpoint steps are global (`offset + stage step`), and the PRNG key of stage step s is `fold_in(stage key, s)`, so a resumed stage draws exactly what an
 uninterrupted one would. A stage may end before `cfg.steps` (SFT's `stop_at_loss`); its last checkpoint then
-says `done`, and global steps of later stages still start at the offset `cfg.steps` reserves.
+says `done`, and global steps of later stages still start at the offset `cfg.steps` reserves. The loop
+evaluates every `eval_every` steps and at the stage's end (with eval.log_samples of the greedy rows, see
+metrics.py), and, when `meta["eval_at_start"]` (run.py: the first stage of a run that loads `model.path`),
+once before the first update, logged at the stage's first global step and marked `at_stage_start`.
 
 Non-finite guard: a step whose loss or gradient is not finite changes nothing (see `steps.py`); after
 `max_skipped_updates` such steps in a row the loop stops with `TrainingError`, before saving, so the last
@@ -69,28 +72,43 @@ def numeric(batch: dict) -> dict:
   return {k: v for k, v in batch.items() if getattr(v, "dtype", None) is not None and v.dtype != object}
 
 
-def eval_metrics(ctx: Context, params, global_step: int, index: int, model=None) -> dict:
+def eval_metrics(ctx: Context, params, global_step: int, index: int, model=None, samples=None) -> dict:
   """The evaluation of `params` (of `model`, default the stage's policy) at a global step: {"eval/...": ...},
-  and for every set of eval.extra_sets {"eval/<name>/...": ...} (the same sampler keys)."""
+  and for every set of eval.extra_sets {"eval/<name>/...": ...} (the same sampler keys). With `samples` (a
+  list), the first eval.log_samples greedy rows of every set are appended to it, each with its `set` (the
+  main one is "test")."""
   e = ctx.config.eval
   key = jax.random.fold_in(jax.random.fold_in(ctx.key, 10_000 + index), global_step)
   sets = {"": (ctx.task, ctx.eval_records), **{f"{name}/": v for name, v in ctx.extra_evals.items()}}
   metrics = {}
   params = sampling_params(params, ctx.config.model.lora)      # LoRA: merged or not, as the rollouts
   for prefix, (task, records) in sets.items():
+    rows = [] if samples is not None else None
     got = evaluate(ctx.model if model is None else model, params, ctx.tokenizer, task, records, key,
                    batch_size=e.batch_size, max_prompt_len=ctx.config.data.max_prompt_len,
                    max_new_tokens=e.max_new_tokens, pass_k=e.pass_k, pass_n=e.pass_n, put_batch=ctx.put_batch,
-                   by_category=e.by_category)
+                   by_category=e.by_category, log_samples=e.log_samples, samples=rows)
+    if samples is not None:
+      samples += [{"set": prefix[:-1] or "test", **row} for row in rows]
     metrics.update({"eval/" + prefix + k[len("eval/"):]: v for k, v in got.items()})
   return metrics
 
 
-def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int) -> dict:
-  metrics = eval_metrics(ctx, params, global_step, index)
+# Marks the eval row of a stage's start (the loaded model before its first update): the run's summary shows
+# the stage's gain over it.
+AT_STAGE_START = "at_stage_start"
+
+
+def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int, at_start: bool = False) -> dict:
+  """Evaluates, logs the eval row and its sample rows (eval.log_samples), and says the headline."""
+  samples = []
+  metrics = eval_metrics(ctx, params, global_step, index, samples=samples)
   if metrics:
-    ctx.logger.log(global_step, name, metrics)
-    ctx.logger.say(f"eval {name} @ step {global_step}: {eval_headline(metrics)}")
+    ctx.logger.log(global_step, name, {**metrics, AT_STAGE_START: True} if at_start else metrics)
+    when = ", the stage's start (before its first update)" if at_start else ""
+    ctx.logger.say(f"eval {name} @ step {global_step}{when}: {eval_headline(metrics)}")
+    if samples:
+      ctx.logger.log_samples(global_step, name, samples)
   return metrics
 
 
@@ -133,6 +151,8 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
   skipped_run = meta.get("skipped_run", 0)
   ctx.logger.say(f"stage {name} ({cfg.kind}): " + (f"resuming at step {start} of {cfg.steps}" if start else
                  f"{cfg.steps} steps") + f" (global steps {offset + 1}..{offset + cfg.steps})")
+  if start == 0 and meta.get("eval_at_start"):   # its gain is then visible (run.py sets it for a loaded model)
+    maybe_eval(ctx, state["train"].params, name, offset + 1, index, at_start=True)
   ctx.logger.start_stage(name, cfg.steps, start)
   key = stage_key(ctx, index)
   for step in range(start, cfg.steps):
@@ -177,18 +197,6 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
 
 
 
-def stage_needs(config) -> set[str]:
-  """The run-level sections the configured stages use (tokenizer, task, data, model)."""
-  return {need for name in config.stages for need in STAGES.get(config[name].kind).needs}
-
-
 def register_stage(kind: str, stage: Stage) -> None:
   STAGES.add(kind, stage)
 
-
-def _register_builtin() -> None:
-  # The built-in kinds register themselves on import; imported here so `STAGES` is complete for any caller.
-  from rlkit.train import graft_stage, reward_model_stage, rl_stage, rquest_stage, sft_stage  # noqa: F401
-
-
-_register_builtin()

@@ -7,14 +7,22 @@ changing a value does not recompile. A batch is split into `micro_batches` equal
 `lax.scan`; every slice's loss is normalised by the *full* batch's counts, so the summed gradient equals the
 full-batch gradient for every aggregation mode (tests/train/test_steps.py checks 1x8 == 8x1).
 
+Randomness: a stochastic policy's forward (a diffusion policy's sampled timesteps) needs a key. When
+`step_inputs["key"]` holds one (a typed PRNG key: traced, so a new key does not recompile), the loss sees it
+folded with the optimizer step (fresh noise at every update even under a constant key) and
+`step_inputs["row_offset"]`, the micro-batch's first row in the full batch, from which `row_keys` gives each
+row its own key, the same one however the batch is micro-batched. Without a key nothing of this is traced.
+
 Non-finite guard: if the loss or the gradient norm is not finite, the update is skipped inside the step
 (parameters, optimizer state and step counter unchanged) and `skipped_updates` counts it; the stage stops
 after too many in a row (`max_skipped_updates`). A step that predicted-KL control skips (its prediction not
 finite) counts there too.
 
-RL loss per token (methods/llm.md §12), the terms from `rlkit.objectives.loss_terms`:
+RL loss per token (methods/llm.md §12), the terms from `rlkit.objectives.loss_terms`, for any policy
+through its adapter (rlkit/train/policy.py: `forward(params, batch, keys) -> (logp [N, R], aux)`):
 
-  logp = log_softmax(process(logits))[token]      process = the sampler's: temperature, top-k, top-p
+  logp = log_softmax(process(logits))[token]      the `llm` adapter; process = the sampler's: temperature,
+                                                  top-k, top-p (another policy: its per-step log-likelihoods)
   l    = sum_terms weight_k * term_k(logp, logits, batch)         policy, kl (kl_beta), entropy, ...
   loss = aggregate(l * token_weights, loss_mask, aggregation, full-batch counts)
 
@@ -30,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlkit.core.types import Metric, TrainBatch
+from rlkit.core.types import ROW_SOURCES, Metric, TrainBatch
 from rlkit.models.transformer import Transformer
 from rlkit.objectives import aggregate, token_logprobs
 from rlkit.objectives.loss_terms import LOSS_TERMS, scaled_entropy, token_mean
@@ -38,7 +46,7 @@ from rlkit.optim.logra import softmax_fisher_quadratic, softmax_kl
 from rlkit.optim.optimizers import controls_kl, update_info
 from rlkit.optim.trainable import DENSE, GradientPath
 from rlkit.rollout.sampler import SamplingConfig
-from rlkit.rollout.scoring import processed_token_logprobs, response_forward
+from rlkit.train.policy import PolicyAdapter, check_terms, llm_policy
 
 Array = jax.Array
 
@@ -79,26 +87,42 @@ def combine_metrics(a: dict, b: dict) -> dict:
   return {k: Metric(_COMBINE[a[k].reduce](a[k].value, b[k].value), a[k].reduce) for k in a}
 
 
-def _accumulate(loss_fn, params: Any, batch: Any, micro_batches: int):
-  """(loss, grads, metrics) of `loss_fn` summed over micro-batches; loss_fn normalises globally."""
+def _accumulate(loss_fn, params: Any, batch: Any, micro_batches: int, inputs: dict):
+  """(loss, grads, metrics) of `loss_fn(params, mb, inputs)` summed over micro-batches; loss_fn normalises
+  globally. With a key in `inputs`, each micro-batch's inputs carry its `row_offset`."""
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if micro_batches == 1:
-    (loss, metrics), grads = grad_fn(params, batch)
+    (loss, metrics), grads = grad_fn(params, batch, inputs)
     return loss, grads, metrics
 
-  def body(carry, mb):
-    (loss, metrics), grads = grad_fn(params, mb)
+  keyed = "key" in inputs
+  rows = jax.tree.leaves(batch)[0].shape[0] // micro_batches
+  # Without a key the scan carries no offsets (None: no leaves), so its program is what it was without keys.
+  offsets = jnp.arange(micro_batches, dtype=jnp.int32) * rows if keyed else None
+  with_offset = lambda offset: dict(inputs, row_offset=offset) if keyed else inputs  # noqa: E731
+
+  def body(carry, xs):
+    mb, offset = xs
+    (loss, metrics), grads = grad_fn(params, mb, with_offset(offset))
     c_loss, c_grads, c_metrics = carry
     return (c_loss + loss, jax.tree.map(jnp.add, c_grads, grads), combine_metrics(c_metrics, metrics)), None
 
   first = jax.tree.map(lambda x: x[0], _split(batch, micro_batches))
-  (loss_s, metric_s), grad_s = jax.eval_shape(grad_fn, params, first)
+  (loss_s, metric_s), grad_s = jax.eval_shape(grad_fn, params, first, with_offset(offsets[0]) if keyed else inputs)
   zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
   init = (zeros(loss_s), jax.tree.map(zeros, grad_s),
           {k: Metric(jnp.full(m.value.shape, _IDENTITY[m.reduce], m.value.dtype), m.reduce)
            for k, m in metric_s.items()})
-  (loss, grads, metrics), _ = jax.lax.scan(body, init, _split(batch, micro_batches))
+  (loss, grads, metrics), _ = jax.lax.scan(body, init, (_split(batch, micro_batches), offsets))
   return loss, grads, metrics
+
+
+def row_keys(step_inputs: dict, rows: int) -> Optional[Array]:
+  """[rows] keys of a micro-batch's rows (see the module docstring), or None without a key in the inputs."""
+  if "key" not in step_inputs:
+    return None
+  index = step_inputs["row_offset"] + jnp.arange(rows, dtype=jnp.int32)
+  return jax.vmap(lambda i: jax.random.fold_in(step_inputs["key"], i))(index)
 
 
 def jvp_by_vjp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
@@ -115,7 +139,8 @@ def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_
   """`step(state, batch, step_inputs) -> (state, {name: Metric})`, jitted, state donated.
 
   :param loss_fn: `(params, micro_batch, step_inputs) -> (scalar loss, {name: Metric})`, normalised by the
-    full batch's counts, which the step adds to `step_inputs` from `counts(batch)`.
+    full batch's counts, which the step adds to `step_inputs` from `counts(batch)`; a `"key"` in the step
+    inputs reaches it folded with the step, beside `"row_offset"` (module docstring).
   :param path: what is differentiated and what the optimizer updates (`rlkit.optim.optimizers.gradient_path`;
     LoRA adapters and LoGRA sketches).
   :param probe: the policy's logits and token mask on a micro-batch, used when the optimizer has predicted-KL
@@ -156,10 +181,16 @@ def make_update_step(loss_fn: Callable, tx: optax.GradientTransformation, micro_
   @functools.partial(jax.jit, donate_argnums=0)
   def step(state: TrainState, batch: Any, step_inputs: Optional[dict] = None):
     inputs = dict(step_inputs or {}, **counts(batch))
+    if "key" in inputs:
+      inputs.update(key=jax.random.fold_in(inputs["key"], state.step), row_offset=jnp.zeros((), jnp.int32))
+    if probe is None and controls_kl(state.opt_state):
+      raise ValueError("The optimizer has predicted-KL control (optimizer.kl_target > 0), which measures the "
+                       "update on the policy's logits, and this step has none to probe (a policy that is not a "
+                       "token decoder, or a model that is not a policy); set optimizer.kl_target=0.")
     trainable = path.trainable(state.params)
     args = path.grad_args(trainable, state.opt_state)
-    loss_of = lambda a, mb: loss_fn(path.model_params(a, state.params, state.opt_state), mb, inputs)  # noqa: E731
-    loss, grads, metrics = _accumulate(loss_of, args, batch, micro_batches)
+    loss_of = lambda a, mb, i: loss_fn(path.model_params(a, state.params, state.opt_state), mb, i)  # noqa: E731
+    loss, grads, metrics = _accumulate(loss_of, args, batch, micro_batches, inputs)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     # The probe is used only under KL control, and its micro-batch enters the cond only then (an operand is
@@ -249,34 +280,62 @@ def default_step_inputs(cfg) -> dict[str, float]:
   return {f"weight/{k}": jnp.float32(v) for k, v in term_weights(cfg).items()}
 
 
-def make_rl_loss(model: Transformer, cfg, sampling: SamplingConfig, replay_routing: bool = False):
-  """`loss(params, batch: TrainBatch, step_inputs) -> (scalar, metrics)` of one (micro-)batch."""
+def row_weighted(mb: TrainBatch, step_inputs: dict) -> Array:
+  """The token weights, times `step_inputs["rows/<source>"]` on the rows of each row source that has one (a
+  traced weight per source, e.g. OnePO's annealed teacher weight from `rl.schedules`); as they are without."""
+  weights = mb.token_weights
+  for source in ROW_SOURCES:
+    if f"rows/{source}" in step_inputs:
+      scale = jnp.where(mb.row_source == ROW_SOURCES[source], step_inputs[f"rows/{source}"], 1.0)
+      weights = weights * scale[:, None]
+  return weights
+
+
+def make_policy_loss(policy: PolicyAdapter, cfg):
+  """`loss(params, batch: TrainBatch, step_inputs) -> (scalar, metrics)` of one (micro-)batch of `policy`
+  (rlkit/train/policy.py); `cfg` is the RL stage section. A ConfigError if a configured loss term reads logits
+  the policy does not have."""
   terms = build_terms(cfg)
+  check_terms(policy, terms)
   max_len = cfg.max_new_tokens or None
 
   def loss_fn(params, mb: TrainBatch, step_inputs):
-    routed = mb.extras.get("routed_experts") if replay_routing else None
-    logits, _ = response_forward(model, params, mb.tokens, mb.attention_mask, mb.response_len, routed)
-    logp = processed_token_logprobs(logits, mb.response, sampling)
+    if policy.needs_key and "key" not in step_inputs:
+      raise ValueError(f"Policy {policy.name!r} draws noise in its forward: pass a PRNG key as "
+                       "step_inputs['key'] (e.g. the iteration's key; the step folds the update count in).")
+    logp, aux = policy.forward(params, mb, row_keys(step_inputs, mb.num_rows))
+    logits = aux.get("logits")
     per_tok, metrics = sum_terms(terms, logp, logits, mb, step_inputs)
-    per_tok = per_tok * jax.lax.stop_gradient(mb.token_weights)
+    per_tok = per_tok * jax.lax.stop_gradient(row_weighted(mb, step_inputs))
     if "entropy" not in metrics:     # always logged (collapse monitoring); the entropy term reports its own
-      metrics["entropy"] = token_mean(scaled_entropy(logits, cfg.temperature), mb.loss_mask, step_inputs)
+      if logits is not None:
+        metrics["entropy"] = token_mean(scaled_entropy(logits, cfg.temperature), mb.loss_mask, step_inputs)
+      elif "entropy" in aux:
+        metrics["entropy"] = token_mean(aux["entropy"], mb.loss_mask, step_inputs)
     loss = aggregate(per_tok, mb.loss_mask, cfg.aggregation, num_tokens_global=step_inputs["num_tokens"],
                      num_seqs_global=step_inputs["num_seqs"], max_len=max_len)
     return loss, metrics
   return loss_fn
 
 
+def make_policy_step(policy: PolicyAdapter, tx: optax.GradientTransformation, cfg, micro_batches: int = 1,
+                     path: GradientPath = DENSE):
+  """`step(state, batch: TrainBatch, step_inputs) -> (state, metrics)` of `policy`: `make_policy_loss` in
+  the shared update step, with the policy's logits as the probe of predicted-KL control if it has them."""
+  probe = None if policy.probe_logits is None else Probe(policy.probe_logits, lambda mb: mb.loss_mask)
+  return make_update_step(make_policy_loss(policy, cfg), tx, micro_batches, rl_counts, path, probe)
+
+
+def make_rl_loss(model: Transformer, cfg, sampling: SamplingConfig, replay_routing: bool = False):
+  """`make_policy_loss` of the Transformer decoder (the `llm` policy)."""
+  return make_policy_loss(llm_policy(model, cfg, sampling, replay_routing), cfg)
+
+
 def make_rl_step(model: Transformer, tx: optax.GradientTransformation, cfg, sampling: SamplingConfig,
                  micro_batches: int = 1, replay_routing: bool = False, path: GradientPath = DENSE):
-  """`rl_step(state, batch: TrainBatch, step_inputs) -> (state, metrics)`; `cfg` is the RL stage section
-  (policy_loss, eps_low/high, dual_clip, aggregation, kl_estimator, kl_beta, entropy_coef, temperature,
-  max_new_tokens, loss_terms); pass `default_step_inputs(cfg)` (or annealed values) as step_inputs. `path`:
-  `optimizers.gradient_path(cfg.optimizer)`. Predicted-KL control measures the sampler's softmax(z / T)."""
-  def probe_logits(params, mb):
-    routed = mb.extras.get("routed_experts") if replay_routing else None
-    logits, _ = response_forward(model, params, mb.tokens, mb.attention_mask, mb.response_len, routed)
-    return logits / sampling.temperature
-  return make_update_step(make_rl_loss(model, cfg, sampling, replay_routing), tx, micro_batches, rl_counts,
-                          path, Probe(probe_logits, lambda mb: mb.loss_mask))
+  """`rl_step(state, batch: TrainBatch, step_inputs) -> (state, metrics)` of the Transformer decoder; `cfg` is
+  the RL stage section (policy_loss, eps_low/high, dual_clip, aggregation, kl_estimator, kl_beta,
+  entropy_coef, temperature, max_new_tokens, loss_terms); pass `default_step_inputs(cfg)` (or annealed values)
+  as step_inputs. `path`: `optimizers.gradient_path(cfg.optimizer)`. Predicted-KL control measures the
+  sampler's softmax(z / T)."""
+  return make_policy_step(llm_policy(model, cfg, sampling, replay_routing), tx, cfg, micro_batches, path)

@@ -4,7 +4,9 @@ NeMo-DCR and the rollout/sync split of `methods/systems.md` §2 and §7; the tra
 With `rl.sync.kind` set, the RL stage holds two copies of the policy:
 
   trainer  the float32 master (`state["train"].params`) on the train mesh: scores, updates, checkpoints;
-  sampler  e = export(view(master)) (`rlkit.sync.export_params`: floating leaves cast to `sync.dtype`, RNE),
+  sampler  e = export(view(master)) (`rlkit.sync.export_params`: floating leaves cast to `sync.dtype`, RNE,
+           the matmul kernels in the format of `sync.quantizer`, e.g. int8 codes and scales that the
+           sampler's weight matmul consumes: rlkit/quant/quantizers.py),
            where view is what the sampler runs (`rlkit.models.lora.sampling_params`: LoRA merged or not),
            laid out on the sampler's mesh (`sync.mesh`, by the default partition rules of
            `rlkit.parallel.rules`; all zeros: the master's own shardings). Collect samples from it.
@@ -43,14 +45,15 @@ import ml_collections
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kernels.sparse_delta import bits_view
+from rlkit.core.sections import RL_SECTIONS, Section
 from rlkit.models.lora import sampling_params
 from rlkit.models.transformer import Transformer
 from rlkit.parallel.mesh import AXES, make_mesh
 from rlkit.parallel.rules import param_shardings, shard_batch
+from rlkit.quant.quantizers import export_shardings
 from rlkit.sync import (SYNC_BACKENDS, SyncConfig, SyncState, export_params, placed_by_arguments, resync, sync_config,
                         sync_defaults, sync_params)
 
-SYNCED_STAGES = ("rl", "distill")      # stage kinds that sample from the copy (the others read the master)
 LOGGED = ("change_rate", "payload_ratio", "payload_bytes", "dense_bytes", "header_bytes", "dense_fallbacks",
           "encode_s", "route_s", "apply_s", "verify_s", "committed", "resynced")
 
@@ -76,7 +79,7 @@ def _mesh_sizes(section) -> dict:
   return {a: int(section.mesh[a]) for a in AXES}
 
 
-def check(section, where: str, stage_kind: str) -> None:
+def check(section, where: str) -> None:
   """ValueError naming the key and the fix for a bad `sync` section (types are checked by config_checks.validate);
   reads no device."""
   if section.kind and section.kind not in SYNC_BACKENDS:
@@ -90,10 +93,6 @@ def check(section, where: str, stage_kind: str) -> None:
   if any(s < -1 for s in sizes.values()) or list(sizes.values()).count(-1) > 1:
     raise ValueError(f"{where}.mesh={sizes}: sizes are >= 1 (0: not split), with at most one axis -1 (every "
                      "device); all 0 keeps the trainer's shardings.")
-  if section.kind and stage_kind not in SYNCED_STAGES:
-    raise ValueError(f"{where}.kind={section.kind!r}: the {stage_kind} stage samples from its trainer's params; "
-                     f"a synced sampler copy is wired into the {' and '.join(SYNCED_STAGES)} stages only. Set "
-                     f"{where}.kind=''.")
 
 
 def sampler_mesh(section, devices, where: str = "rl.sync") -> Optional[Mesh]:
@@ -167,10 +166,10 @@ def build(section, train_params, model, lora, compute_dtype: str = "",
   cfg = sync_config(_library_fields(section))
   mesh = sampler_mesh(section, jax.devices(), where)
   source = view(train_params)
-  if mesh is None:
-    shardings = jax.tree.map(lambda x: x.sharding, source)
-  else:
-    shardings = param_shardings(jax.eval_shape(lambda p: export_params(p, cfg.dtype), source), mesh)
+  # The rules see the master's paths and shapes; a quantized kernel's parts follow their kernel's layout.
+  kernels = jax.tree.map(lambda x: x.sharding, source) if mesh is None else param_shardings(source, mesh)
+  shardings = export_shardings(kernels, jax.eval_shape(lambda p: export_params(p, cfg.dtype, cfg.quantizer),
+                                                       source))
   params, state, _ = resync(source, shardings, cfg)
   return (SamplerSync(cfg, bool(section.verify_dense), sampler_module(model, cfg.dtype, compute_dtype),
                       shardings, mesh, view), SamplerCopy(params, state))
@@ -215,8 +214,14 @@ def update(sync: SamplerSync, copy: Optional[SamplerCopy], train_params) -> tupl
   metrics = {f"sync/{k}": float(stats[k]) for k in LOGGED if k in stats}
   if sync.verify_dense:
     t0 = time.perf_counter()
-    dense = jax.block_until_ready(jax.tree.map(jax.device_put, export_params(source, sync.cfg.dtype),
+    dense = jax.block_until_ready(jax.tree.map(jax.device_put, export_params(source, sync.cfg.dtype,
+                                                                             sync.cfg.quantizer),
                                                sync.shardings))
     metrics["sync/dense_s"] = time.perf_counter() - t0
     metrics["sync/bit_exact"] = float(bits_equal(params, dense))
   return SamplerCopy(params, state), metrics
+
+
+RL_SECTIONS.add("sync", Section(sampler_sync_defaults,
+                                lambda stage, name: check(stage.sync, f"{name}.sync"),
+                                doc="the sampler's own weight copy and its sync (rlkit/train/weight_sync.py)"))

@@ -131,7 +131,8 @@ def test_check_names_the_key_and_the_fix(field, value, needle):
 
 def test_check_run_rejects_frozen_roles_with_adapters_and_lora_with_logra():
   from rlkit.core.errors import ConfigError
-  from rlkit.train.config import base_config, rl_defaults, sft_defaults
+  from rlkit.train.config import base_config, sft_defaults
+  from rlkit.train.rl_config import rl_defaults
   from rlkit.train.config_checks import validate
   from rlkit.train.models import role_model_defaults
   c = base_config()

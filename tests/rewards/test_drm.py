@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from rlkit.rewards import drm, reward_metrics as M
-from rlkit.rewards.reward_heads import (REWARD_HEADS, build_head, fit_head, head_spec, rating_scale, risk_reward,
-                                        reward_statistics, uncertainty_penalty)
+from rlkit.rewards.head_catalog import build_head, fit_head, head_spec
+from rlkit.rewards.reward_heads import REWARD_HEADS, rating_scale, risk_reward, reward_statistics, uncertainty_penalty
 from tests.fast_compile import fast_compile
 
 MODE, NOISE = 2.0, 0.3              # c = 1: ½ N(-2, 0.3²) + ½ N(+2, 0.3²); c = 0: N(0, 0.3²)

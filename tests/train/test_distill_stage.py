@@ -9,7 +9,7 @@ from rlkit.objectives.distill import DIVERGENCES
 from rlkit.core.errors import ConfigError
 from rlkit.train.config import base_config
 from rlkit.train.config_checks import validate
-from rlkit.train.stages import STAGES
+from rlkit.train.catalog import STAGES
 import test_stages as ts
 
 OPD = {"advantage": "opd"}

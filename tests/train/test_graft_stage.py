@@ -13,7 +13,8 @@ from rlkit.train import graft_stage, rl_stage
 from rlkit.core.errors import ConfigError
 from rlkit.train.config import base_config
 from rlkit.train.models import Model
-from rlkit.train.stages import STAGES, Context
+from rlkit.train.catalog import STAGES
+from rlkit.train.stages import Context
 import test_stages as ts   # the RL stage's test components (pytest's rootdir import: the same module object)
 
 

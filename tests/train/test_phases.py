@@ -21,7 +21,7 @@ from rlkit.models.transformer import Transformer, TransformerConfig, init_params
 from rlkit.objectives.advantages import ADVANTAGES, group_advantages
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import make_scorer, response_forward
-from rlkit.train.config import rl_defaults
+from rlkit.train.rl_config import rl_defaults
 from rlkit.train.phases.advantages import token_advantages
 from rlkit.train.phases.collect import collect
 from rlkit.train.phases.score import score, train_batch

@@ -9,7 +9,7 @@ import pytest
 
 from configs.grpo_arith import get_config
 from rlkit.rewards import REWARDS, VerifierExecutor
-from rlkit.rewards.reward_heads import head_spec
+from rlkit.rewards.head_catalog import head_spec
 from rlkit.rewards.reward_model import embed, load_head, row_keys
 from rlkit.train.metrics import read_metrics
 from rlkit.train.models import Model, load_model

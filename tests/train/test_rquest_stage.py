@@ -17,12 +17,14 @@ from rlkit.data.tasks import make_task
 from rlkit.models.transformer import init_params
 from rlkit.rewards import rquest as rq
 from rlkit.train import checkpoint as ckpt
+from rlkit.train.phases import score as score_phase
 from rlkit.train import rl_stage, rquest_stage
 from rlkit.core.errors import ConfigError
 from rlkit.train.config import base_config
 from rlkit.train.config_checks import validate
 from rlkit.train.models import Model
-from rlkit.train.stages import STAGES, Context
+from rlkit.train.catalog import STAGES
+from rlkit.train.stages import Context
 import test_stages as ts   # the RL stage's test components (pytest's rootdir import: the same module object)
 
 TASK = make_task("rquest_questions")
@@ -68,14 +70,14 @@ def _recording(script=None, start=0):
       completions = list(VERDICTS)
     return samples, completions
 
-  def recorded(self, state, samples, rewards, capacity, key):
+  def recorded(self, state, samples, rewards, capacity, key, step=0):
     calls.append((samples, rewards, capacity))
-    return learn(self, state, samples, rewards, capacity, key)
+    return learn(self, state, samples, rewards, capacity, key, step)
 
   with contextlib.ExitStack() as stack:
     stack.enter_context(ts._fast_compile())
-    memo = [(rl_stage, name, wrap(getattr(rl_stage, name))) for name, wrap in
-            (("make_rl_step", ts._memo_step), ("make_scorer", ts._memo_scorer))]   # compiled once for all runs
+    memo = [(owner, name, wrap(getattr(owner, name))) for owner, name, wrap in     # compiled once for all runs
+            ((rl_stage, "make_rl_step", ts._memo_step), (score_phase, "make_scorer", ts._memo_scorer))]
     for owner, name, fn in ((rquest_stage._Iteration, "_sample", scripted), (rl_stage.Learner, "learn", recorded),
                             *memo):
       stack.callback(setattr, owner, name, getattr(owner, name))

@@ -34,11 +34,15 @@ from rlkit.objectives.loss_terms import LOSS_TERMS
 from rlkit.optim.optimizers import make_optimizer, optimizer_defaults
 from rlkit.rewards import RewardOutput, register_reward
 from rlkit.train import critic as critic_module, rl_stage, stages
-from rlkit.train.config import base_config, rl_defaults
+from rlkit.train.phases import score as score_phase
+from rlkit.train.config import base_config
+from rlkit.train.rl_config import rl_defaults
+from rlkit.train.phases.collect import sampling_config
 from rlkit.train.models import Model
 from rlkit.train.phases.augment import AUGMENTERS, Augmenter, AugmenterSpec, interleave_groups
 from rlkit.core.errors import TrainingError
-from rlkit.train.stages import STAGES, Context
+from rlkit.train.catalog import STAGES
+from rlkit.train.stages import Context
 from tests.fast_compile import fast_compile as _fast_compile
 
 TOK = CharTokenizer()
@@ -140,6 +144,9 @@ class _Log:
 
   def log(self, step, stage, metrics, show=()):
     self.rows.append(dict(metrics, step=step, stage=stage))
+
+  def log_samples(self, step, stage, rows):
+    self.samples = getattr(self, "samples", []) + [dict(r, step=step, stage=stage) for r in rows]
 
   def start_stage(self, *a, **k):
     pass
@@ -304,7 +311,7 @@ def run_stage(overrides: dict, patches=(), logger=None, task=TASK, source=None, 
     return wrapped
 
   stage = STAGES.get("rl")
-  all_patches = [(rl_stage, "make_rl_step", _memo_step), (rl_stage, "make_scorer", _memo_scorer),
+  all_patches = [(rl_stage, "make_rl_step", _memo_step), (score_phase, "make_scorer", _memo_scorer),
                  (critic_module, "Critic", _memo_critic),
                  (rl_stage, "ppo_updates", capture), (stages, "maybe_eval", record_eval),
                  (rl_stage, "make_optimizer", record_optimizer), *patches]
@@ -320,6 +327,14 @@ def run_stage(overrides: dict, patches=(), logger=None, task=TASK, source=None, 
   delta = np.concatenate([np.ravel(a - b) for a, b in zip(jax.tree.leaves(state["train"].params),
                                                           jax.tree.leaves(params))])
   return Run(ctx.logger.rows, delta, state, batches, eval_steps, optimizers)
+
+
+def score_env(cfg):
+  """The `ScoreEnv` the stage's learner builds its scorers from, for `cfg` (no reference of its own)."""
+  from rlkit.train.phases.score import ScoreEnv
+  ctx = Context(config=base_config(), model=MODEL, tokenizer=TOK, task=TASK, train_source=[], eval_records=[],
+                logger=_Log(), checkpointer=_NoCkpt(), key=jax.random.key(1), put_batch=lambda b: b, models=_roles())
+  return ScoreEnv(ctx, cfg, sampling_config(cfg, TOK), MODEL, False)
 
 
 def _key(overrides: dict) -> str:
@@ -353,6 +368,8 @@ CORRECTION_CONTEXT = {
        for k in ("rollout_is_threshold", "rollout_is_batch_normalize")},
     "rollout_rs_threshold": {**MISMATCH, "correction.name": "rollout_correction", "correction.rollout_rs": "token_k1",
                              "correction.rollout_rs_threshold": "5.0"},
+    "rollout_rs_k1_bounds": {**MISMATCH, "correction.name": "rollout_correction", "correction.rollout_rs": "token_k1",
+                             "correction.rollout_rs_threshold": "0.8_3.0"},
     **{k: {**MISMATCH, "correction.name": "icepop"} for k in ("icepop_low", "icepop_high")},
     # Weaker noise for calibrated IS: at 1.0 every 3-token row has a rejected token, and the whole batch goes.
     **{k: {**GENTLE, "correction.name": "calibrated"}
@@ -363,7 +380,8 @@ CORRECTION_CONTEXT = {
 CORRECTION_FLIPS = {
     "correction.name": {"correction.name": "calibrated"},
     "correction.rollout_is": {"correction.rollout_is": "token"},
-    "correction.rollout_is_threshold": {"correction.rollout_is_threshold": 1.1},
+    "correction.rollout_is_threshold": {"correction.rollout_is_threshold": "1.1"},
+    "correction.rollout_rs_k1_bounds": {"correction.rollout_rs_k1_bounds": "ratio"},
     "correction.rollout_is_batch_normalize": {"correction.rollout_is_batch_normalize": True},
     "correction.rollout_rs": {"correction.rollout_rs": "token_k1", "correction.rollout_rs_threshold": "2.0"},
     "correction.rollout_rs_threshold": {"correction.rollout_rs_threshold": "1.2"},
@@ -427,6 +445,7 @@ FLIPS = {
     "optimizer.lr": {"optimizer.lr": 3e-3},
     "optimizer.name": {"optimizer.name": "sgd"},
     "score_roles": {"score_roles": ("teacher",)},
+    "schedules": {"schedules": {"weight/policy": {"kind": "constant", "value": 0.5}}},
 }
 CONTEXT = {
     **{field: CORRECTION_CONTEXT[field.split(".")[1]] for field in CORRECTION_FLIPS},
@@ -456,6 +475,8 @@ LOW_RANK_FIELDS = tuple(k for k in optimizer_defaults() if k.startswith("logra_"
 # Fields whose effect needs more than a one-iteration flip, and the test that shows it.
 COVERED_ELSEWHERE = {
     "kind": "the stage kind itself (registry STAGES)",
+    "collector": "tests/train/test_weight_sync.py (its runs sample through a registered collector of the test)",
+    "sync.quantizer": "tests/quant/test_quantizers.py (an RL run sampling from the int8 copy; bf16 bit-exact)",
     "task.name": "tests/train/test_run.py (the run driver builds the stage's Context from the stage's task)",
     "task.kwargs": "tests/train/test_run.py (as task.name)",
     "reward.timeout_s": "test_hanging_verifier_times_out",
@@ -487,7 +508,8 @@ COMPARED = ("reward", "loss", "entropy", "kl", "sampling_rounds", "response_len"
 
 def _fields(section, prefix=""):
   for key, value in section.items():
-    if isinstance(value, ml_collections.ConfigDict) and key not in ("kwargs", "loss_terms", "policy_kwargs"):
+    if isinstance(value, ml_collections.ConfigDict) and key not in ("kwargs", "loss_terms", "policy_kwargs",
+                                                                    "schedules"):
       yield from _fields(value, f"{prefix}{key}.")
     else:
       yield prefix + key
@@ -554,7 +576,7 @@ def test_every_optimizer_field_changes_the_updates():
 
   flips = {"name": ("sgd", {}), "lr": (3e-3, {}), "schedule": ("cosine", {}), "b1": (0.5, {}),
            "b2": (0.9, {}), "eps": (1.0, {}), "weight_decay": (0.1, {}), "clip_norm": (0.0, {}),
-           "warmup_steps": (2, {}), "final_lr_frac": (0.5, {"schedule": "linear"})}
+           "warmup_steps": (2, {}), "final_lr_frac": (0.5, {"schedule": "linear"}), "frozen": ("w", {})}
   assert set(flips) == set(optimizer_defaults()) - set(LOW_RANK_FIELDS)
   with _fast_compile():
     constant, linear = updates(), updates(schedule="linear")
@@ -704,7 +726,7 @@ def test_score_roles_add_each_roles_logprobs():
   batch = run.batches[0]
   teacher = np.asarray(batch.extras["teacher_logp"])
   mask = np.asarray(batch.loss_mask)
-  sampling = rl_stage.sampling_config(_config({}), TOK)
+  sampling = sampling_config(_config({}), TOK)
   with _fast_compile():
     want = make_scorer(MODEL, sampling)(_roles()["teacher"].params, batch)
   np.testing.assert_allclose(teacher, want, rtol=1e-5, atol=1e-6)
@@ -737,7 +759,7 @@ def test_stage_passes_replay_routing_to_the_scorer_and_the_step():
 
     with pytest.raises(_Built):
       run_stage({"replay_routing": replay}, patches=[(rl_stage, "make_rl_step", spy_step),
-                                                     (rl_stage, "make_scorer", spy_scorer)])
+                                                     (score_phase, "make_scorer", spy_scorer)])
     assert seen == {"step": replay, "scorer": replay}
 
 
@@ -768,7 +790,7 @@ def test_stage_builds_the_executor_with_both_time_limits(monkeypatch):
 
 def test_tis_correction_weights_reach_the_update():
   run = one_iteration(**{"correction.name": "rollout_correction", "correction.rollout_is": "token",
-                         "correction.rollout_is_threshold": 1.5})
+                         "correction.rollout_is_threshold": "1.5"})
   b = run.batches[0]
   mask = np.asarray(b.loss_mask)
   ratio = np.exp(np.asarray(b.old_logp) - np.asarray(b.rollout_logp))
@@ -802,7 +824,7 @@ def test_kl_reference_is_the_initial_policy_unless_a_reference_role_is_declared(
   monkeypatch.setattr(sys.modules[__name__], "_roles", lambda: {"reference": teacher})
   batch = run_stage({"kl_beta": 0.5}).batches[0]
   with _fast_compile():
-    want = make_scorer(MODEL, rl_stage.sampling_config(_config({}), TOK))(teacher.params, batch)
+    want = make_scorer(MODEL, sampling_config(_config({}), TOK))(teacher.params, batch)
   np.testing.assert_allclose(np.asarray(batch.ref_logp), want, rtol=1e-5, atol=1e-6)
   assert np.abs(np.asarray(batch.ref_logp) - np.asarray(batch.old_logp))[np.asarray(batch.loss_mask)].mean() > 0.1
 
@@ -890,8 +912,9 @@ def test_onepo_with_an_anneal_length_of_zero_is_plain_grpo_exactly():
 
 
 def test_onepo_teacher_rows_join_guided_groups_only(monkeypatch):
-  """Teacher rows are real only in all-fail groups, weighted alpha(t) = 1 - t/4; the shaped term trains them
-  and the surrogate does not. A model teacher (a config.models role) answers with its own samples."""
+  """Teacher rows are real only in all-fail groups, weighted alpha(t) = 1 - t/4 (the scheduled step input
+  rows/teacher); the shaped term trains them and the surrogate does not. A model teacher (a config.models role)
+  answers with its own samples."""
   run = run_stage({**ONEPO, "steps": 2})
   for step, b in enumerate(run.batches):
     source, valid = np.asarray(b.row_source), np.asarray(b.loss_mask).any(1)
@@ -900,7 +923,8 @@ def test_onepo_teacher_rows_join_guided_groups_only(monkeypatch):
     assert teacher.sum() == run.rows[step]["rows/teacher"] > 0
     assert ((groups == ROW_SOURCE["teacher"]) | (groups == ROW_SOURCE["padding"]))[:, -1].all()
     assert (groups[:, :GROUP] == ROW_SOURCE["policy"]).all()
-    np.testing.assert_allclose(np.asarray(b.token_weights)[teacher & valid], 1.0 - step / 4, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(b.token_weights)[teacher & valid], 1.0)   # alpha: in the step
+    assert run.rows[step]["schedule/rows/teacher"] == 1.0 - step / 4
     assert not np.asarray(b.loss_mask)[source == ROW_SOURCE["padding"]].any()     # unguided groups' rows
   assert run.rows[0]["shaped/teacher_tokens"] > 0
   teacher = _roles()["teacher"]

@@ -13,7 +13,7 @@ from rlkit.models.transformer import Transformer, TransformerConfig, init_params
 from rlkit.objectives.loss_terms import LOSS_TERMS
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.scoring import make_scorer
-from rlkit.train.config import rl_defaults
+from rlkit.train.rl_config import rl_defaults
 from rlkit.train.steps import (default_step_inputs, init_train_state, make_rl_loss, make_rl_step, make_sft_step,
                                rl_counts)
 from tests.fast_compile import fast_compile

@@ -27,9 +27,13 @@ from rlkit.parallel.mesh import make_mesh
 from rlkit.parallel.rules import shard_batch, shard_params
 from rlkit.sync import sparse_delta as sparse_impl
 from rlkit.train import rl_stage, weight_sync
+from rlkit.train.phases.collect import COLLECTORS, CollectorSpec, collect
+from rlkit.train.phases import score as score_phase
 from rlkit.core.errors import ConfigError
-from rlkit.train.config import base_config, rl_defaults
-from rlkit.train.stages import STAGES, Context
+from rlkit.train.config import base_config
+from rlkit.train.rl_config import rl_defaults
+from rlkit.train.catalog import STAGES
+from rlkit.train.stages import Context
 
 STEPS = 3
 TRAIN_MESH = {"data": 2, "fsdp": 4}
@@ -71,6 +75,21 @@ class Run(NamedTuple):
   checkpointer: Any
 
 
+_SAMPLED_FROM: list = []
+
+
+def _recording_collector(cfg):
+  """The single-turn collector, recording the params it samples from (their dtype, mesh) and the model's dtype."""
+  def collect_and_record(model, params, *args, **kwargs):
+    leaf = jax.tree.leaves(params)[0]
+    _SAMPLED_FROM.append((leaf.dtype, dict(leaf.sharding.mesh.shape), model.cfg.dtype))
+    return collect(model, params, *args, **kwargs)
+  return collect_and_record
+
+
+COLLECTORS.add("test_weight_sync_recording", CollectorSpec(_recording_collector))
+
+
 def _run(overrides: dict, start: int = 0, resume: Any = None) -> Run:
   """The rl stage of `ts._config(overrides)` for STEPS iterations on the train mesh; `resume`: (state, meta)
   of a saved step to continue from at `start`."""
@@ -80,9 +99,10 @@ def _run(overrides: dict, start: int = 0, resume: Any = None) -> Run:
   config.eval.update(batch_size=8, max_new_tokens=ts.MAX_NEW, pass_k=0)
   rng = np.random.default_rng(0)
   source = [dict(ts.TASK.make_example(rng)) for _ in range(64)]
-  cfg = ts._config({"steps": STEPS, **LR, **overrides})
+  cfg = ts._config({"steps": STEPS, **LR, "collector": "test_weight_sync_recording", **overrides})
   ckpt = _MemoryCheckpointer()
-  batches, sampled_from = [], []
+  batches, sampled_from = [], _SAMPLED_FROM
+  sampled_from.clear()
   with ts._fast_compile():
     initial = ts._initial_params()
 
@@ -92,15 +112,8 @@ def _run(overrides: dict, start: int = 0, resume: Any = None) -> Run:
       return ppo_updates(step_fn, train, batch, *args, **kwargs)
     return wrapped
 
-  def record_params(collect_fn):
-    def wrapped(model, params, *args, **kwargs):
-      leaf = jax.tree.leaves(params)[0]
-      sampled_from.append((leaf.dtype, dict(leaf.sharding.mesh.shape), model.cfg.dtype))
-      return collect_fn(model, params, *args, **kwargs)
-    return wrapped
-
-  patches = [(rl_stage, "make_rl_step", ts._memo_step), (rl_stage, "make_scorer", ts._memo_scorer),
-             (rl_stage, "ppo_updates", capture), (rl_stage, "collect", record_params)]
+  patches = [(rl_stage, "make_rl_step", ts._memo_step), (score_phase, "make_scorer", ts._memo_scorer),
+             (rl_stage, "ppo_updates", capture)]
   with contextlib.ExitStack() as stack:
     stack.enter_context(ts._fast_compile())
     stack.enter_context(jax.set_mesh(mesh))
@@ -122,7 +135,7 @@ def _run(overrides: dict, start: int = 0, resume: Any = None) -> Run:
     state = stage.run(ctx, cfg, state, start, meta)
   delta = np.concatenate([np.ravel(np.asarray(a) - np.asarray(b)) for a, b in
                           zip(jax.tree.leaves(state["train"].params), jax.tree.leaves(jax.device_get(initial)))])
-  return Run(ctx.logger.rows, delta, batches, sampled_from, ckpt)
+  return Run(ctx.logger.rows, delta, batches, list(sampled_from), ckpt)
 
 
 _RUNS: dict = {}
@@ -284,9 +297,8 @@ def test_every_sync_field_changes_the_sampler_copy():
 # ------------------------------------------------------------------------------------------- config errors
 
 def test_config_mistakes_are_named():
-  def validate(stage="rl", **fields):
+  def validate(**fields):
     cfg = rl_defaults()
-    cfg.kind = stage                  # the sync check reads the stage kind (graft's own fields are not needed)
     ts.override(cfg, {f"sync.{k}": v for k, v in fields.items()})
     rl_stage.validate(cfg, "rl")
 
@@ -297,8 +309,6 @@ def test_config_mistakes_are_named():
     validate(kind="dense", capacity_frac=2.0)
   with pytest.raises(ConfigError, match=r"at most one axis -1"):
     validate(**{"kind": "dense", "mesh.data": -1, "mesh.tensor": -1})
-  with pytest.raises(ConfigError, match=r"graft stage.*Set rl.sync.kind=''"):
-    validate(stage="graft", kind="dense")
   with pytest.raises(ConfigError, match=r"rl.sync.mesh=.*needs 16 devices, but 8 are available.*mesh.tensor=2"):
     weight_sync.sampler_mesh(_section(**{"mesh.tensor": 16}), jax.devices())
   config = base_config()

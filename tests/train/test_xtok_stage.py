@@ -23,7 +23,8 @@ from rlkit.models.transformer import Transformer, init_params
 from rlkit.rollout.scoring import response_forward, score_response
 from rlkit.train import distill, rl_stage
 from rlkit.core.errors import ConfigError
-from rlkit.train.config import rl_defaults
+from rlkit.train.rl_config import rl_defaults
+from rlkit.train.phases.collect import sampling_config
 from rlkit.train.models import Model
 from tests.fast_compile import fast_compile
 import test_stages as ts
@@ -114,7 +115,7 @@ def _by_hand(run, mode: str) -> np.ndarray:
   char-student rule of the module docstring."""
   h, teacher = _host(run), _bpe_teacher()
   tokens, mask, rt, offsets, stops = _teacher_rows(h)
-  sampling = rl_stage.sampling_config(ts._config({}), ts.TOK)
+  sampling = sampling_config(ts._config({}), ts.TOK)
   with fast_compile():
     t_logp = np.asarray(jax.jit(score_response, static_argnums=(0, 4, 5))(
         teacher.module, teacher.params, tokens, mask, rt, sampling))

@@ -4,8 +4,9 @@ Two kinds of estimator share the one config key:
 
   group estimators  `rlkit.objectives.ADVANTAGES` (group, batch, none, rloo): one number per row from its
                     group's rewards, broadcast over the row's response positions
-  token estimators  `TOKEN_ESTIMATORS` below: read the scored `TrainBatch` (loss mask, the critic's values)
-                    and give a number per token
+  token estimators  `TOKEN_ESTIMATORS` below: read the scored `TrainBatch` (loss mask, segment ids, the
+                    critic's values) and the whole reward output (`RewardArrays`: rewards, correct,
+                    components, per-segment rewards) and give a number per token
                     gae                    PPO with a critic: GAE(gamma, lambda) on the outcome reward placed
                                            on each row's last token; returns go to extras["returns"] for the
                                            critic's loss; optional whitening over the batch (verl always)
@@ -28,12 +29,21 @@ import numpy as np
 from rlkit.core.registry import Registry
 from rlkit.core.types import TrainBatch
 from rlkit.objectives import ADVANTAGES, group_advantages
+from rlkit.rewards import RewardOutput
 from rlkit.objectives.returns import (gae, masked_whiten, outcome_token_rewards, reinforce_pp_advantages,
                                       reinforce_pp_baseline_advantages)
 
 
+class RewardArrays(NamedTuple):
+  """A `RewardOutput` as the token estimators receive it: every per-row field, as global device arrays."""
+  rewards: jnp.ndarray                      # [N] float32
+  correct: Optional[jnp.ndarray]            # [N] bool, or None (the reward has no notion of correct)
+  components: dict                          # name -> [N] float32
+  segment_rewards: Optional[jnp.ndarray]    # [N, S] float32 by segment kind (SEGMENT_KINDS), or None
+
+
 class TokenEstimator(NamedTuple):
-  fn: Callable            # (rewards [N] float32, batch: TrainBatch, cfg, capacity, valid) -> (adv [N, R], extras)
+  fn: Callable            # (rewards: RewardArrays, batch: TrainBatch, cfg, capacity, valid) -> (adv [N, R], extras)
   needs_values: bool      # True: the batch must carry the critic's extras["values"]
 
 
@@ -53,7 +63,7 @@ def token_advantages(name: str, rewards: np.ndarray, capacity: int, response_len
 def _gae(rewards, batch: TrainBatch, cfg, capacity, valid):
   del capacity, valid
   mask = batch.loss_mask
-  adv, returns = gae(outcome_token_rewards(rewards, mask), batch.extras["values"], mask, cfg.gamma,
+  adv, returns = gae(outcome_token_rewards(rewards.rewards, mask), batch.extras["values"], mask, cfg.gamma,
                      cfg.gae_lambda)
   if cfg.whiten_advantages:
     adv = masked_whiten(adv, mask)
@@ -63,11 +73,11 @@ def _gae(rewards, batch: TrainBatch, cfg, capacity, valid):
 def _reinforce_pp(rewards, batch: TrainBatch, cfg, capacity, valid):
   del capacity, valid
   mask = batch.loss_mask
-  return reinforce_pp_advantages(outcome_token_rewards(rewards, mask), mask, cfg.gamma), {}
+  return reinforce_pp_advantages(outcome_token_rewards(rewards.rewards, mask), mask, cfg.gamma), {}
 
 
 def _reinforce_pp_baseline(rewards, batch: TrainBatch, cfg, capacity, valid):
-  return reinforce_pp_baseline_advantages(rewards, batch.loss_mask, capacity, valid), {}
+  return reinforce_pp_baseline_advantages(rewards.rewards, batch.loss_mask, capacity, valid), {}
 
 
 TOKEN_ESTIMATORS.add("gae", TokenEstimator(_gae, needs_values=True))
@@ -88,20 +98,32 @@ def needs_values(name: str) -> bool:
   return name in TOKEN_ESTIMATORS and TOKEN_ESTIMATORS.get(name).needs_values
 
 
-def with_advantages(batch: TrainBatch, rewards: np.ndarray, cfg, capacity: int, put_batch: Callable[[dict], dict],
+def reward_arrays(rewards: RewardOutput, put_batch: Callable[[dict], dict]) -> RewardArrays:
+  """This process's `RewardOutput` rows as global device arrays (float32 rewards, components and segment rewards)."""
+  host = {"rewards": np.asarray(rewards.rewards, np.float32),
+          **{f"components/{k}": np.asarray(v, np.float32) for k, v in rewards.components.items()}}
+  if rewards.correct is not None:
+    host["correct"] = np.asarray(rewards.correct, bool)
+  if rewards.segment_rewards is not None:
+    host["segment_rewards"] = np.asarray(rewards.segment_rewards, np.float32)
+  dev = put_batch(host)
+  return RewardArrays(dev["rewards"], dev.get("correct"),
+                      {k: dev[f"components/{k}"] for k in rewards.components}, dev.get("segment_rewards"))
+
+
+def with_advantages(batch: TrainBatch, rewards: RewardOutput, cfg, capacity: int, put_batch: Callable[[dict], dict],
                     valid: Optional[np.ndarray] = None) -> TrainBatch:
   """The batch with `advantages` [N, R] from `cfg.advantage` (and any extras the estimator adds).
 
-  `rewards` and `valid` are this process's rows: a group estimator runs on them (groups never span
-  processes); a token estimator runs on the global arrays, so its batch statistics (whitening) are global.
+  `rewards` (the whole reward output) and `valid` are this process's rows: a group estimator runs on its
+  rewards (groups never span processes); a token estimator runs on the global arrays of every per-row field
+  (`RewardArrays`), so its batch statistics (whitening) are global.
   """
   if cfg.advantage not in TOKEN_ESTIMATORS:
-    adv = token_advantages(cfg.advantage, rewards, capacity, batch.response_len, cfg.adv_eps, valid)
+    adv = token_advantages(cfg.advantage, rewards.rewards, capacity, batch.response_len, cfg.adv_eps, valid)
     return batch.replace(advantages=put_batch({"advantages": np.asarray(adv)})["advantages"])
-  host = {"rewards": np.asarray(rewards, np.float32)}
-  if valid is not None and not np.all(valid):
-    host["valid"] = np.asarray(valid, bool)
-  dev = put_batch(host)
-  adv, extras = TOKEN_ESTIMATORS.get(cfg.advantage).fn(dev["rewards"], batch, cfg, capacity, dev.get("valid"))
+  arrays = reward_arrays(rewards, put_batch)
+  dev = put_batch({"valid": np.asarray(valid, bool)}) if valid is not None and not np.all(valid) else {}
+  adv, extras = TOKEN_ESTIMATORS.get(cfg.advantage).fn(arrays, batch, cfg, capacity, dev.get("valid"))
   return batch.replace(advantages=jnp.where(batch.loss_mask, adv, 0.0).astype(jnp.float32),
                        extras=dict(batch.extras, **extras))

@@ -1,8 +1,10 @@
 """Phase 4, augment: rows added to each group from elsewhere (a teacher, a peer model, a demonstration);
 registry `AUGMENTERS`, config `rl.augment` (default `none`).
 
-An augmenter is registered as `AugmenterSpec(make, extra_rows)`: `extra_rows(cfg)` says how many rows it adds
-to each group (static, so shapes stay fixed and config validation can check that batches still divide), and
+An augmenter is registered as `AugmenterSpec(make, extra_rows, check)`: `extra_rows(cfg)` says how many rows it
+adds to each group (static, so shapes stay fixed and config validation can check that batches still divide),
+`check(cfg, name)` validates the stage section for it, `schedules(cfg)` gives the `rl.schedules` entries its rows'
+weights follow unless the config sets them (OnePO's annealed teacher weight, `rows/teacher`), and
 `make(cfg, env) -> Augmenter` builds it once per stage, where `env` is an `AugmentEnv` (the stage's
 tokenizer, reward function, config, `put_batch` and models by role). It is called as
 
@@ -50,9 +52,19 @@ class Augmenter:
     return (samples, rewards) if self.fn is None else self.fn(samples, rewards, key, step)
 
 
+def _no_check(cfg, name: str) -> None:
+  pass
+
+
+def _no_schedules(cfg) -> dict:
+  return {}
+
+
 class AugmenterSpec(NamedTuple):
   make: Callable[[Any, AugmentEnv], Augmenter]
   extra_rows: Callable[[Any], int]
+  check: Callable[[Any, str], None] = _no_check   # (stage section, its name) -> None; ValueError naming the fix
+  schedules: Callable[[Any], dict] = _no_schedules   # (stage section) -> default `rl.schedules` entries it reads
 
 
 AUGMENTERS: Registry[AugmenterSpec] = Registry("augmenter")
@@ -118,4 +130,10 @@ def demonstration_augmenter(cfg, env: AugmentEnv) -> Augmenter:
   return Augmenter(1, add)
 
 
-AUGMENTERS.add("demonstration", AugmenterSpec(demonstration_augmenter, lambda cfg: 1))
+def _check_demonstration(cfg, name: str) -> None:
+  if cfg.replay_routing:
+    raise ValueError(f"{name}.augment='demonstration' has no sampler routing to replay for its rows; set "
+                     f"{name}.replay_routing=False.")
+
+
+AUGMENTERS.add("demonstration", AugmenterSpec(demonstration_augmenter, lambda cfg: 1, _check_demonstration))

@@ -1,4 +1,12 @@
-"""Phase 1, collect: G completions for each prompt of a batch, as `Samples` (device rollout + host rows).
+"""Phase 1, collect: G trajectories for each prompt of a batch, as `Samples` (device rollout + host rows), by
+the stage's collector (registry `COLLECTORS`, config `rl.collector`).
+
+A collector is `fn(model, params, batch, key, sampling, group_size, put_batch, first_group_id=0, perturb=None)
+-> Samples`, registered as `CollectorSpec(make)` with `make(cfg) -> fn` built once per learner (a collector
+with an environment or tools builds them there). `single_turn` (the default) samples one completion per row
+with the KV-cache sampler; a multi-turn collector drives the resumable sampler (`rlkit.rollout.resumable`:
+prefill, decode until a stop set, append an observation into the live cache, decode again) and returns a
+`Rollout` whose loss mask leaves the appended tokens out, with their segment kinds and turn ids.
 
 `Samples` keeps the sampler's `Rollout` (device arrays, every row) beside what the host knows of each row's
 example (prompt text, answer, extra fields) and where the row came from (`row_source`, `valid`), so later
@@ -10,11 +18,12 @@ Multi-host: the rollout's arrays are global; the host lists hold this process's 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
 
+from rlkit.core.registry import Registry
 from rlkit.core.types import ROW_SOURCE, Rollout
 from rlkit.parallel.hosts import concat_rows, take_rows
 from rlkit.rollout.sampler import SamplingConfig, generate
@@ -68,3 +77,17 @@ def collect(model, params, batch: dict, key: jax.Array, sampling: SamplingConfig
                "fields": batch["fields"][i] if "fields" in batch else {}} for i in range(n_prompts)]
   return Samples(rollout, [examples[i] for i in rep], np.full(len(rep), ROW_SOURCE["policy"], np.int32),
                  np.ones(len(rep), bool))
+
+
+def sampling_config(cfg, tokenizer) -> SamplingConfig:
+  """The sampler's settings of an RL stage section `cfg` (its stop and pad ids from `tokenizer`)."""
+  return SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                        top_p=cfg.top_p, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
+
+
+class CollectorSpec(NamedTuple):
+  make: Callable[..., Callable[..., Samples]]     # (stage section) -> the collect function
+
+
+COLLECTORS: Registry[CollectorSpec] = Registry("collector")
+COLLECTORS.add("single_turn", CollectorSpec(lambda cfg: collect))

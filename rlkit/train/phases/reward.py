@@ -2,15 +2,18 @@
 
 The reward function (registry `REWARDS`, `rl.reward.name`) receives one `RewardBatch` (prompts, completions
 as text and tokens, answers, every extra field of the examples, lengths, finished flags, group ids) and
-returns a `RewardOutput` (rewards, optional `correct`, named components, failures). DAPO's soft overlong
-punishment (`rl.overlong_cache`) is added here as the component `overlong`.
+returns a `RewardOutput` (rewards, optional `correct`, named components, failures). Then every registered
+reward shaper (registry `REWARD_SHAPERS`) may add to the rewards: a shaper is `fn(stage section, RewardBatch,
+RewardOutput) -> RewardOutput` and returns the output unchanged when its settings are off (DAPO's soft overlong
+punishment, rlkit/train/overlong.py, adds the component `overlong` when `rl.overlong_cache` > 0).
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Callable
 
+
+from rlkit.core.registry import Registry
 from rlkit.models.tokenizer import decode_responses
-from rlkit.objectives import overlong_penalty
 from rlkit.rewards import RewardBatch, RewardOutput
 from rlkit.parallel.hosts import host_rows
 from rlkit.train.phases.collect import Samples
@@ -26,13 +29,13 @@ def reward_batch(samples: Samples, tokenizer) -> RewardBatch:
                      group_ids=host_rows(ro.group_ids))
 
 
+REWARD_SHAPERS: Registry[Callable[..., RewardOutput]] = Registry("reward shaper")
+
+
 def compute_rewards(reward_fn, samples: Samples, tokenizer, cfg) -> RewardOutput:
-  """`reward_fn` on this process's rows, plus the overlong penalty if `cfg.overlong_cache` > 0."""
+  """`reward_fn` on this process's rows, then every registered shaper in name order."""
   batch = reward_batch(samples, tokenizer)
   out = reward_fn(batch)
-  if cfg.overlong_cache:
-    penalty = np.asarray(overlong_penalty(batch.lengths, cfg.max_new_tokens, cfg.overlong_cache,
-                                          cfg.overlong_factor), np.float64)
-    out = RewardOutput(rewards=out.rewards + penalty, correct=out.correct,
-                       components={**out.components, "overlong": penalty}, failures=out.failures)
+  for name in REWARD_SHAPERS:
+    out = REWARD_SHAPERS.get(name)(cfg, batch, out)
   return out
