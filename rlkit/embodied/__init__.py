@@ -1,1 +1,0 @@
-"""rlkit.embodied."""
