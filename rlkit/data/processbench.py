@@ -234,8 +234,9 @@ def _check_fracs(where: str, error_frac, trap_frac, max_error) -> None:
 
 class VerdictGrading:
   """What both ProcessBench tasks grade and report: the verdict string against the label (the exact ProcessBench
-  match), the subset as the category, and ProcessBench's F1 over subsets as eval metrics (`eval/processbench/f1`
-  and per subset `eval/processbench/<subset>/f1`, `/acc_err`, `/acc_cor`, rlkit/train/evaluate.py's hook)."""
+  match), the subset as the category, and ProcessBench's F1 over subsets as eval metrics (`eval/processbench/f1`,
+  the mean over the subsets present, and per subset `eval/processbench/<subset>/f1`, `/acc_err`, `/acc_cor`,
+  rlkit/train/evaluate.py's hook). The subset is each example's `subset` field."""
 
   def extract_answer(self, completion_text: str) -> Optional[str]:
     """The verdict string, stripped; None unless it is non-empty '+'/'-' only (the step count is checked by
@@ -338,32 +339,21 @@ class ProcessBenchChains(VerdictGrading):
 @dataclasses.dataclass(frozen=True)
 class ProcessBenchFiles(VerdictGrading, JsonlTask):
   """Serves ProcessBench examples from files, graded as `processbench_chains` is: the official Qwen/ProcessBench
-  files converted once with `python -m rlkit.data.processbench --official=DIR --out=FILE.jsonl` (or any JSONL of
-  such examples), given as data.test_jsonl (and data.train_jsonl). Real ProcessBench text needs an HF tokenizer."""
+  files converted once with `python -m rlkit.data.processbench_convert --official=DIR --out=FILE.jsonl` (or
+  any JSONL of such examples), given as data.test_jsonl (and data.train_jsonl). Real ProcessBench text needs an
+  HF tokenizer.
+
+  Evaluation scores the whole test file, as the benchmark does (its F1 is the mean of the subset F1s, and a
+  converted file holds the subsets one after the other, so the first eval.num_examples rows would all be
+  GSM8K's): eval.num_examples does not apply. `eval_limit` N > 0 scores the first N rows of each subset instead,
+  and the run says so (rlkit.train.evaluate.evaluated_records)."""
   name: str = dataclasses.field(default="processbench", init=False)
+  eval_limit: int = 0       # evaluated rows per subset: 0 = all (the benchmark's number), N = the first N of each
 
   def __post_init__(self):
+    if isinstance(self.eval_limit, bool) or not isinstance(self.eval_limit, int) or self.eval_limit < 0:
+      raise ValueError(f"task {self.name!r}: eval_limit must be an integer >= 0 (0 evaluates every row, N the "
+                       f"first N rows of each subset), got {self.eval_limit!r}.")
     object.__setattr__(self, "required_fields", tuple(self.required_fields) or ("subset", "steps"))
     super().__post_init__()
 
-
-def main(argv=None) -> None:
-  """Converts official ProcessBench files (a folder of <subset>.json(l), or one file) to one rlkit JSONL file."""
-  import argparse
-  parser = argparse.ArgumentParser(description=main.__doc__)
-  parser.add_argument("--official", required=True, help="folder of gsm8k.json, math.json, ... or one such file")
-  parser.add_argument("--out", required=True, help="the JSONL file to write")
-  args = parser.parse_args(argv)
-  try:
-    examples = load_processbench(args.official)
-  except (OSError, ValueError) as e:
-    raise SystemExit(f"error: {e}") from None
-  tmp = args.out + ".tmp"
-  with open(tmp, "w") as f:
-    f.writelines(json.dumps(e) + "\n" for e in examples)
-  os.replace(tmp, args.out)       # never a half-written file under the real name
-  print(f"wrote {len(examples)} examples ({', '.join(sorted({e['subset'] for e in examples}))}) to {args.out}")
-
-
-if __name__ == "__main__":
-  main()

@@ -12,9 +12,9 @@ never forms a binomial coefficient, so it stays exact in float64 for any n. With
 evaluated prompts are always the first `eval.num_examples` records of the test split, so numbers are
 comparable across steps, stages and runs, except for a task that scores a whole benchmark (it has an
 `eval_limit`, see `evaluated_records`: ProcessBench, whose headline averages subsets that its file holds one
-after the other, so the first records would be one subset's). With `by_category` (config `eval.by_category`) the greedy accuracy
-is also reported per category of the task's `category(example)` (arithmetic: the operators), as
-`eval/accuracy/<category>`: which skill a policy gains or loses.
+after the other, so the first records would be one subset's). With `by_category` (config `eval.by_category`)
+the greedy accuracy is also reported per category of the task's `category(example)` (arithmetic: the
+operators), as `eval/accuracy/<category>`: which skill a policy gains or loses.
 
 A task may add its own corpus metrics (ProcessBench's F1, rlkit/data/processbench.py) through two optional
 methods: `eval_counts(record, completion) -> {name: float}`, counts of one greedy completion that add up over

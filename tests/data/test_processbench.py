@@ -2,7 +2,10 @@
 the arithmetic, traps, difficulty, determinism, alphabet), the `processbench_chains` task and the final-answer
 baseline's F1."""
 import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +16,8 @@ from rlkit.data.processbench import (SUBSETS, ProcessBenchChains, final_answer_b
 from rlkit.data.splits import generate_splits
 from rlkit.models.tokenizer import DEFAULT_ALPHABET
 from rlkit.rewards.prm import MALFORMED, parse_answer, predicted_index, processbench_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def official_row(i, steps=("a", "b", "c"), label=1, final=False):
@@ -38,7 +43,7 @@ def test_loads_a_folder_of_json_and_jsonl_files(tmp_path):
 
 
 def test_converted_official_files_are_served_and_graded_by_the_processbench_task(tmp_path, capsys):
-  from rlkit.data.processbench import main
+  from rlkit.data.processbench_convert import main
   (tmp_path / "gsm8k.json").write_text(json.dumps([official_row(0), official_row(1, label=-1, final=True)]))
   out = tmp_path / "pb.jsonl"
   main(["--official", str(tmp_path), "--out", str(out)])
@@ -56,6 +61,38 @@ def test_converted_official_files_are_served_and_graded_by_the_processbench_task
   with pytest.raises(SystemExit, match="math.json: row 0: field 'label'"):
     main(["--official", str(tmp_path / "bad"), "--out", str(tmp_path / "x.jsonl")])
   assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_the_readme_conversion_command_runs_as_written(tmp_path):
+  """The README's command, run literally in a fresh interpreter: running the task module itself as `__main__`
+  registered its tasks a second time and crashed. Every row keeps its subset (the file it came from)."""
+  readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+  (command,) = re.findall(r"`(python -m rlkit\.data\.\S+ --official=DIR --out=FILE\.jsonl)`", readme)
+  official = tmp_path / "official"
+  official.mkdir()
+  (official / "gsm8k.json").write_text(json.dumps([official_row(0), official_row(1, label=-1, final=True)]))
+  (official / "math.jsonl").write_text(json.dumps(official_row(2, steps=["s0", "s1"], label=0)) + "\n")
+  (official / "omnimath.json").write_text(json.dumps([official_row(3, label=2)]))
+  out = tmp_path / "pb.jsonl"
+
+  def run(folder, target):
+    argv = command.replace("DIR", str(folder)).replace("FILE.jsonl", str(target)).split()
+    return subprocess.run([sys.executable] + argv[1:], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+  proc = run(official, out)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "wrote 4 examples (gsm8k, math, omnimath)" in proc.stdout
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [(r["subset"], r["id"], r["answer"]) for r in rows] == [
+      ("gsm8k", "x-0", "1/3"), ("gsm8k", "x-1", "-1/3"), ("math", "x-2", "0/2"), ("omnimath", "x-3", "2/3")]
+  assert rows == load_processbench(str(official))
+  task = make_task("processbench", path=str(out))
+  assert [task.category(r) for r in task.rows] == ["gsm8k", "gsm8k", "math", "omnimath"]
+  (tmp_path / "bad").mkdir()
+  (tmp_path / "bad" / "math.json").write_text(json.dumps([official_row(0, label=-3)]))
+  proc = run(tmp_path / "bad", tmp_path / "x.jsonl")
+  assert proc.returncode != 0 and "math.json: row 0: field 'label'" in proc.stderr
+  assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.jsonl.tmp").exists()
 
 
 def test_loads_one_file_and_a_json_named_file_holding_json_lines(tmp_path):

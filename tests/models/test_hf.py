@@ -118,11 +118,30 @@ def test_config_errors(change, words):
   assert all(w in str(e.value) for w in words), str(e.value)
 
 
-def test_sliding_window_flag_alone_is_accepted():
-  d = hf.config_to_hf(TransformerConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=2,
-                                        num_heads=2, num_kv_heads=1, head_dim=4))
-  # Real Qwen checkpoints carry sliding_window=32768 with use_sliding_window=false: HF ignores it.
-  hf.config_from_hf({**d, "sliding_window": 32768, "use_sliding_window": False})
+def test_sliding_window_flag_alone_is_accepted(ckpts, tmp_path):
+  """Real Qwen checkpoints carry sliding_window=32768 with use_sliding_window=false, which HF ignores, and so do
+  we: the same config, the same logits as HF's. A window of 4, shorter than the 9-token test rows, with every
+  layer a window layer (max_window_layers=0), would change the logits if either side applied it."""
+  cfg = TransformerConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2,
+                          num_kv_heads=1, head_dim=4)
+  d = hf.config_to_hf(cfg)
+  for window in (32768, 4):
+    assert hf.config_from_hf({**d, "sliding_window": window, "use_sliding_window": False}) == cfg
+  path, _ = ckpts["qwen3"]
+  flagged = tmp_path / "flagged"
+  shutil.copytree(path, flagged)
+  config = json.loads((flagged / "config.json").read_text())
+  config.update(sliding_window=4, use_sliding_window=False, max_window_layers=0)
+  (flagged / "config.json").write_text(json.dumps(config))
+  module, params = hf.load(str(flagged))
+  plain_module, plain_params = hf.load(str(path))
+  assert module.cfg == plain_module.cfg
+  np.testing.assert_array_equal(np.asarray(_ours(module, params).logits),
+                                np.asarray(_ours(plain_module, plain_params).logits))
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(flagged, attn_implementation="eager",
+                                                             dtype=torch.float32).eval()
+  assert theirs.config.sliding_window in (None, 4) and not theirs.config.use_sliding_window
+  _assert_parity(module, params, theirs)
 
 
 # ------------------------------------------------------------------------------------------------ parity

@@ -1,5 +1,7 @@
 """Config validation: every preset is valid; typos, wrong types and unknown names fail with the key named."""
+import copy
 import importlib.util
+import json
 import os
 
 import inspect
@@ -8,8 +10,10 @@ import ml_collections
 import pytest
 
 from rlkit.core.errors import ConfigError
-from rlkit.train.config import base_config, rl_defaults
+from rlkit.train.config import base_config
+from rlkit.train.rl_config import rl_defaults
 from rlkit.train.config_checks import validate
+from rlkit.core.sections import RL_SECTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,9 +25,28 @@ def _load(name):
   return module
 
 
-@pytest.mark.parametrize("preset", ["cpu", "gpu", "test"])
+def _validated(c) -> dict:
+  """Validates `c` and checks that validation only reads it: it returns nothing and leaves every field as it
+  was (a check that rewrote a field would hide the user's value). Returns the config as a dict."""
+  before = copy.deepcopy(c.to_dict())
+  assert validate(c) is None
+  assert c.to_dict() == before
+  return before
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu", "test", "ci"])
 def test_presets_validate(preset):
-  validate(_load("grpo_arith").get_config(preset))
+  """Each preset validates unchanged, and (cpu, test: gpu's 200k prompts take 12 s to generate) its length
+  limits are the data's: none is too short (that raises) and none is left to derive (that would add a note and
+  change the config launch.py writes)."""
+  from rlkit.train.lengths import resolve_lengths
+  from rlkit.train.models import run_tokenizer
+  c = _load("grpo_arith").get_config(preset)
+  before = _validated(c)
+  assert before["stages"] == ("sft", "rl") and before["task"]["name"] == "arithmetic"
+  if preset != "gpu":
+    resolved, notes = resolve_lengths(c, run_tokenizer(c))
+    assert notes == [] and resolved.to_dict() == before
 
 
 @pytest.mark.parametrize("name", ["baselines", "calif", "drm", "graft", "logra", "onepo", "opd_scale", "prorubric",
@@ -32,12 +55,16 @@ def test_experiment_presets_validate(name):
   """Every preset of the experiment configs validates, with the SFT checkpoints they start from left empty
   (the model then comes from its fields); given, the paths are checked by `_check_path`."""
   module = _load(name)
+  seen = {}
   for preset in module.PRESETS:
     c = module.get_config(preset)
+    key = json.dumps(c.to_dict(), sort_keys=True, default=str)
+    assert key not in seen, f"{name}: preset {preset!r} is the same config as {seen.get(key)!r}"
+    seen[key] = preset
     c.model.path = ""
     for role in c.models.keys():
       c.models[role].path = ""
-    validate(c)
+    _validated(c)
 
 
 def test_unknown_preset_is_named():
@@ -110,10 +137,15 @@ def test_invalid_configs_fail_with_the_key_named(mutate, needle):
 
 
 def test_valid_model_roles_pass():
+  """A declared role that a stage names passes, unchanged; the same stage without the role fails: the pass is
+  the role check's verdict, not a check that never looked."""
   from rlkit.train.models import role_model_defaults
   c = _config()
+  c.rl.score_roles = ("reference",)
+  with pytest.raises(ConfigError, match="rl.score_roles names 'reference'"):
+    validate(c)
   c.models.reference = role_model_defaults()
-  validate(c)
+  assert _validated(c)["models"]["reference"] == role_model_defaults().to_dict()
 
 
 @pytest.mark.parametrize("kind,path,needle", [
@@ -135,8 +167,11 @@ def test_a_role_tokenizer_mistake_is_named(kind, path, needle):
 def test_validate_for_processes_names_the_batch_that_does_not_split():
   from rlkit.train.config_checks import validate_for_processes
   c = _config()
-  validate_for_processes(c, 1)
-  validate_for_processes(c, 2)
+  before = c.to_dict()
+  for processes in (1, 2, 4):                     # eval 16, sft 8 and rl 4 rows split evenly
+    assert validate_for_processes(c, processes) is None and c.to_dict() == before
+  with pytest.raises(ConfigError, match=r"rl.prompts_per_step=4 must be a multiple of the 8 processes"):
+    validate_for_processes(c, 8)
   with pytest.raises(ConfigError, match=r"must be a multiple of the 3 processes"):
     validate_for_processes(c, 3)
   c.rl.filter = "dynamic_sampling"
@@ -145,13 +180,18 @@ def test_validate_for_processes_names_the_batch_that_does_not_split():
 
 
 def test_every_rl_default_field_is_documented_once():
-  """Each field of the RL section has exactly one defining line, and it carries a comment."""
+  """Each generic field of the RL section has exactly one defining line in `rl_defaults`, with a comment; each
+  component section (correction, distill, ...) comes from its registered defaults, with a one-line doc."""
   src = inspect.getsource(rl_defaults)
   for key in rl_defaults().keys():
     if key == "optimizer":
       continue
     lines = [l for l in src.splitlines() if l.strip().startswith(f"c.{key} =")]
+    if key in RL_SECTIONS:
+      assert not lines and RL_SECTIONS.get(key).doc, key
+      continue
     assert len(lines) == 1 and "#" in lines[0], key
+  assert {"correction", "critic", "distill", "onepo", "rollout_mismatch", "sync"} <= set(RL_SECTIONS)
   assert "rl" not in base_config()
 
 

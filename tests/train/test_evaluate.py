@@ -1,6 +1,7 @@
 """`rlkit.train.evaluate`: the unbiased pass@k estimator (against exact enumeration, its limits, the n = k
 rule) and `evaluate`'s sampling of n samples per prompt in rounds of k."""
 import itertools
+import json
 import math
 from types import SimpleNamespace
 
@@ -147,6 +148,18 @@ def test_jsonl_categories_come_from_a_category_field(tmp_path):
   assert task.category(task.rows[0]) == "algebra"
 
 
+def _verdict_sampler(verdicts):
+  """A stand-in `generate` that answers each prompt with verdicts[prompt text]."""
+  def answer(model, params, tokens, mask, key, cfg):
+    prompts = [TOK.decode(t[m].tolist()) for t, m in zip(np.asarray(tokens), np.asarray(mask))]
+    ids = [TOK.encode(verdicts[p]) for p in prompts]
+    response = np.zeros((len(ids), 8), np.int32)
+    for i, row in enumerate(ids):
+      response[i, :len(row)] = row
+    return SimpleNamespace(response=response, lengths=np.array([len(r) for r in ids]))
+  return answer
+
+
 def test_processbench_f1_is_an_eval_metric_summed_over_chunks(monkeypatch):
   """The task hook (`eval_counts`, `eval_metrics`): ProcessBench F1 of the greedy verdicts equals the metric
   computed directly on the predicted indices, whatever the chunking."""
@@ -157,16 +170,7 @@ def test_processbench_f1_is_an_eval_metric_summed_over_chunks(monkeypatch):
   # Half the rows get the true step verdicts, half the final-answer baseline's: every subset has misses.
   verdicts = {r["prompt"]: task.demonstration(r) if i % 2 else final_answer_baseline(r)
               for i, r in enumerate(records)}
-
-  def answer(model, params, tokens, mask, key, cfg):
-    prompts = [TOK.decode(t[m].tolist()) for t, m in zip(np.asarray(tokens), np.asarray(mask))]
-    ids = [TOK.encode(verdicts[p]) for p in prompts]
-    response = np.zeros((len(ids), 8), np.int32)
-    for i, row in enumerate(ids):
-      response[i, :len(row)] = row
-    return SimpleNamespace(response=response, lengths=np.array([len(r) for r in ids]))
-
-  monkeypatch.setattr(ev, "generate", answer)
+  monkeypatch.setattr(ev, "generate", _verdict_sampler(verdicts))
   labels = [parse_answer(r["answer"]) for r in records]
   pred = [predicted_index(verdicts[r["prompt"]], n) for r, (_, n) in zip(records, labels)]
   want = processbench_metrics([r["subset"] for r in records], pred, [label for label, _ in labels])
@@ -183,3 +187,62 @@ def test_processbench_f1_is_an_eval_metric_summed_over_chunks(monkeypatch):
     assert got["eval/processbench_nontrap/f1"] == pytest.approx(nontrap["f1"])
     traps = [pred[i] == labels[i][0] for i, r in enumerate(records) if r["trap"]]
     assert traps and got["eval/processbench_traps/accuracy"] == pytest.approx(np.mean(traps))
+
+
+def test_processbench_files_are_scored_whole_with_every_subset_unless_limited(tmp_path, monkeypatch, capsys):
+  """A converted ProcessBench file holds its subsets one after the other: the first eval.num_examples rows were
+  GSM8K's only. The `processbench` task is scored on every row (eval.num_examples does not apply), reporting
+  each subset's F1 and their mean; eval_limit N keeps the first N rows of each subset and says so."""
+  from rlkit.data.processbench import OFFICIAL_SUBSETS
+  from rlkit.data.processbench_convert import main as convert
+  from rlkit.data.tfds_builders import prepare_jsonl
+  from rlkit.rewards.prm import parse_answer, predicted_index, processbench_metrics
+  official = tmp_path / "official"
+  official.mkdir()
+  labels = [-1, 0, 1, 2, -1, 1]
+  for q, subset in enumerate(OFFICIAL_SUBSETS):
+    rows = [{"id": f"{subset}-{j}", "problem": f"Problem {subset} {j}?", "steps": ["a", "b", "c"],
+             "final_answer_correct": label == -1, "label": label} for j, label in enumerate(labels)]
+    (official / f"{subset}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  path = str(tmp_path / "pb.jsonl")
+  convert(["--official", str(official), "--out", path])
+  test = prepare_jsonl({"train": path, "test": path}, str(tmp_path / "data"))["test"]   # stored records (bytes)
+  task = make_task("processbench", path=path)
+  rows = [dict(r) for r in task.rows]
+  # Subset q gets the true verdict on its first q + 2 rows and "---" (step 0 is wrong) on the rest: the subsets
+  # score differently (F1 33.3, 50, 60, 85.7), so one subset's mean cannot pass for the mean over four.
+  verdicts = {r["prompt"]: task.demonstration(r) if int(r["id"].rsplit("-", 1)[1]) < q + 2 else "---"
+              for q, s in enumerate(OFFICIAL_SUBSETS) for r in rows if r["subset"] == s}
+  monkeypatch.setattr(ev, "generate", _verdict_sampler(verdicts))
+
+  def want(kept):
+    pred = [predicted_index(verdicts[r["prompt"]], len(r["steps"])) for r in kept]
+    return processbench_metrics([r["subset"] for r in kept], pred, [parse_answer(r["answer"])[0] for r in kept])
+
+  def scores(records):
+    return evaluate(None, None, TOK, task, records, jax.random.key(0), batch_size=5, max_prompt_len=128,
+                    max_new_tokens=8, pass_k=0)
+
+  assert len(ev.evaluated_records(make_task("jsonl", path=path), test, 4)) == 4   # other tasks: num_examples
+  records = ev.evaluated_records(task, test, 4)
+  assert len(records) == len(test) == 24 and "limited" not in capsys.readouterr().out
+  got, full = scores(records), want(rows)
+  f1s = [full[f"{s}/f1"] for s in OFFICIAL_SUBSETS]
+  assert len(set(f1s)) == 4 and got["eval/num_examples"] == 24
+  for s in OFFICIAL_SUBSETS:
+    for metric in ("f1", "acc_err", "acc_cor"):
+      assert got[f"eval/processbench/{s}/{metric}"] == pytest.approx(full[f"{s}/{metric}"])
+  assert got["eval/processbench/f1"] == pytest.approx(np.mean(f1s))
+  assert got["eval/processbench/f1"] != pytest.approx(want(rows[:4])["f1"])     # not the first rows' number
+
+  limited = make_task("processbench", path=path, eval_limit=2)
+  records = ev.evaluated_records(limited, test, 4)
+  assert "(limited to 8 of 24 examples: the first 2 of each of 4 categories" in capsys.readouterr().out
+  kept = [r for r in rows if int(r["id"].rsplit("-", 1)[1]) < 2]
+  assert [ev.as_text_record(r)["fields"]["id"] for r in records] == [r["id"] for r in kept]
+  got = scores(records)
+  assert got["eval/num_examples"] == 8
+  assert got["eval/processbench/f1"] == pytest.approx(want(kept)["f1"])
+  assert {k.split("/")[2] for k in got if k.endswith("/f1") and k.count("/") == 3} == set(OFFICIAL_SUBSETS)
+  with pytest.raises(ValueError, match="eval_limit must be an integer >= 0"):
+    make_task("processbench", path=path, eval_limit=-1)
