@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import ml_collections
@@ -58,6 +58,9 @@ class Stage(NamedTuple):
   validate: Callable                       # (section, name) -> None; raises ConfigError
   needs: tuple = ("tokenizer", "task", "data", "model")
   roles: Callable = lambda section: ()     # (section) -> the config.models roles the stage trains
+  # (ctx, params, global_step, index, samples) -> {"eval/...": value}, the held-out evaluation of the stage's
+  # policy (samples: a list for the rows to show, or None); None: the LLM evaluation, `eval_metrics`
+  evaluate: Optional[Callable] = None
 
 
 STAGES: Registry[Stage] = Registry("stage kind")
@@ -99,10 +102,12 @@ def eval_metrics(ctx: Context, params, global_step: int, index: int, model=None,
 AT_STAGE_START = "at_stage_start"
 
 
-def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int, at_start: bool = False) -> dict:
-  """Evaluates, logs the eval row and its sample rows (eval.log_samples), and says the headline."""
+def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int, at_start: bool = False,
+               evaluate: Optional[Callable] = None) -> dict:
+  """Evaluates (the stage's `evaluate` hook, default `eval_metrics`), logs the eval row and its sample rows
+  (eval.log_samples), and says the headline."""
   samples = []
-  metrics = eval_metrics(ctx, params, global_step, index, samples=samples)
+  metrics = (evaluate or eval_metrics)(ctx, params, global_step, index, samples=samples)
   if metrics:
     ctx.logger.log(global_step, name, {**metrics, AT_STAGE_START: True} if at_start else metrics)
     when = ", the stage's start (before its first update)" if at_start else ""
@@ -151,8 +156,9 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
   skipped_run = meta.get("skipped_run", 0)
   ctx.logger.say(f"stage {name} ({cfg.kind}): " + (f"resuming at step {start} of {cfg.steps}" if start else
                  f"{cfg.steps} steps") + f" (global steps {offset + 1}..{offset + cfg.steps})")
+  evaluate = STAGES.get(cfg.kind).evaluate if cfg.kind in STAGES else None
   if start == 0 and meta.get("eval_at_start"):   # its gain is then visible (run.py sets it for a loaded model)
-    maybe_eval(ctx, state["train"].params, name, offset + 1, index, at_start=True)
+    maybe_eval(ctx, state["train"].params, name, offset + 1, index, at_start=True, evaluate=evaluate)
   ctx.logger.start_stage(name, cfg.steps, start)
   key = stage_key(ctx, index)
   for step in range(start, cfg.steps):
@@ -179,11 +185,11 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
     ctx.logger.advance()
     last = step + 1 == cfg.steps or stop
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last:
-      maybe_eval(ctx, state["train"].params, name, gstep, index)
+      maybe_eval(ctx, state["train"].params, name, gstep, index, evaluate=evaluate)
     meta_now = dict(meta, stage_step=step + 1, iterator=iterator.get_state(), loss_ema=loss_ema, done=last,
                     skipped_run=skipped_run)
     if last:
-      maybe_eval(ctx, state["train"].params, name, gstep, index)
+      maybe_eval(ctx, state["train"].params, name, gstep, index, evaluate=evaluate)
     save(ctx, state, gstep, meta_now, force=last)
     if last:
       ctx.logger.close_bar()
@@ -193,8 +199,6 @@ def loop(ctx: Context, cfg, state, start: int, meta: dict, iterator, iteration: 
       break
   ctx.logger.close_bar()
   return state
-
-
 
 
 def register_stage(kind: str, stage: Stage) -> None:

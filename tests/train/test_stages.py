@@ -299,9 +299,9 @@ def run_stage(overrides: dict, patches=(), logger=None, task=TASK, source=None, 
     return wrapped
 
   def record_eval(maybe_eval):
-    def wrapped(ctx, params, name, global_step, index):
+    def wrapped(ctx, params, name, global_step, index, **kwargs):
       eval_steps.append(global_step)
-      return maybe_eval(ctx, params, name, global_step, index)
+      return maybe_eval(ctx, params, name, global_step, index, **kwargs)
     return wrapped
 
   def record_optimizer(make_optimizer):
