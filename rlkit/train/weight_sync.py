@@ -89,6 +89,9 @@ def check(section, where: str) -> None:
     sync_config({**_library_fields(section), "kind": section.kind or "dense"})
   except ValueError as e:
     raise ValueError(f"{where}: {e}") from None
+  if not section.kind and section.get("quantizer", "none") != "none":
+    raise ValueError(f"{where}.quantizer={section.quantizer!r} formats the sampler's own copy, which "
+                     f"{where}.kind='' does not make: set {where}.kind (dense or sparse_delta), or quantizer='none'.")
   sizes = _mesh_sizes(section)
   if any(s < -1 for s in sizes.values()) or list(sizes.values()).count(-1) > 1:
     raise ValueError(f"{where}.mesh={sizes}: sizes are >= 1 (0: not split), with at most one axis -1 (every "

@@ -62,6 +62,9 @@ def test_the_registry():
   cfg.sync.kind, cfg.sync.quantizer = "dense", "fp3"
   with pytest.raises(ConfigError, match=r"rl.sync: sync.quantizer='fp3'.*bf16, int8, none"):
     STAGES.get("rl").validate(cfg, "rl")
+  cfg.sync.kind, cfg.sync.quantizer = "", "int8"      # no sampler copy to format: a dead setting, refused
+  with pytest.raises(ConfigError, match=r"rl.sync.quantizer='int8' formats the sampler's own copy.*rl.sync.kind"):
+    STAGES.get("rl").validate(cfg, "rl")
   # The kernels a quantizer converts: the projections and an untied LM head, nothing else.
   assert sorted(p for p in _paths(_params()) if kernel_inputs(p.split("/"))) == sorted(KERNELS)
 

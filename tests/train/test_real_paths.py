@@ -79,11 +79,13 @@ def _real_model_path(tmp_path, size, preset):
   code, out, err = _launch(*args)
   assert code == 0, err[-3000:]
   # the console: each stage's start and end, each evaluation, the summary with both stages side by side
-  for line in ("stage sft (sft): 2 steps", "eval sft @ step 2: accuracy", "stage sft: finished 2 steps",
+  # (the loaded model is evaluated once before its first stage's first update, so the gain shows)
+  for line in ("stage sft (sft): 2 steps", "eval sft @ step 1, the stage's start (before its first update): "
+               "accuracy", "eval sft @ step 2: accuracy", "stage sft: finished 2 steps",
                "stage rl (rl): 2 steps", "eval rl @ step 4: accuracy", "summary"):
     assert line in out, out[-3000:]
-  summary = out[out.index("summary"):].splitlines()
-  assert summary[2].split()[:2] == ["sft", "2"] and summary[3].split()[:2] == ["rl", "4"], summary
+  summary = [row.split()[:2] for row in out[out.index("summary"):].splitlines()[2:6]]
+  assert summary == [["sft", "start"], ["sft", "2"], ["sft", "gain"], ["rl", "4"]], summary
   assert "note: data.max_prompt_len=0: derived" in err and "note: sft.max_len=0: derived" in err
   assert "Downloading and preparing" not in out + err
 
