@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rlkit.core.types import SEGMENT_KINDS
+from rlkit.core.labels import SEGMENT_KINDS
 
 
 @dataclasses.dataclass(frozen=True)

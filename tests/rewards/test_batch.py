@@ -102,3 +102,13 @@ def test_take_selects_rows_in_order_and_keeps_failures():
   parts = [make_output([0.0, 1.0]), make_output([0.5, 0.25])]
   np.testing.assert_array_equal(take(concat_outputs(parts), [1, 2]).rewards,
                                 concat_outputs([take(parts[0], [1]), take(parts[1], [0])]).rewards)
+
+
+def test_the_reward_batch_module_does_not_import_jax():
+  """The verifier worker imports the reward modules; JAX's ~1.5 s import there counted against the per-call
+  time limit (rewards/batch.py once took SEGMENT_KINDS from rlkit.core.types; they live in core/labels.py)."""
+  import subprocess
+  import sys
+  code = "import sys, rlkit.rewards.batch; assert 'jax' not in sys.modules, 'jax imported'; print('ok')"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
