@@ -41,7 +41,7 @@ from rlkit.train.rl_config import rl_defaults
 from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
 from rlkit.train.phases.advantages import with_advantages
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, build_augmenter
-from rlkit.train.phases.collect import COLLECTORS, Samples, collect, sampling_config
+from rlkit.train.phases.collect import COLLECTORS, Samples, sampling_config
 from rlkit.train.phases.filter import FILTERS, select_rows
 from rlkit.train.phases.reward import compute_rewards
 from rlkit.train.phases.score import ScoreEnv, build_scorers, run_scorers, scorer_state, train_batch
