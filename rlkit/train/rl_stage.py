@@ -130,10 +130,9 @@ class Learner:
     rows = select_rows(selection, len(samples), cfg.group_size, prompts)
     return samples.take(rows), take(rewards, rows), outputs[0], rounds
 
-  def inputs_at(self, step: int) -> dict:
-    """The update step's traced inputs at stage step `step`: the loss terms' weights, overridden by every
-    `rl.schedules` entry's value (float32 scalars: a new value does not recompile the step)."""
-    scheduled = values_at(self.schedules, step)
+  def inputs_at(self, scheduled: dict) -> dict:
+    """The update step's traced inputs: the loss terms' weights, overridden by the schedules' values at this
+    step (`scheduled`; float32 scalars: a new value does not recompile the step)."""
     return dict(self.step_inputs, **{k: jnp.float32(v) for k, v in scheduled.items()})
 
   def learn(self, state, samples, rewards, capacity, key, step: int = 0):
@@ -152,10 +151,11 @@ class Learner:
     batch = with_advantages(batch, rewards, cfg, capacity, self.ctx.put_batch, samples.valid)
     batch, refined = run_scorers(self.scorers["advantages"], state, batch, samples)
     metrics.update(refined)
+    scheduled = values_at(self.schedules, step)
     train, update_metrics, skipped = ppo_updates(self.step_fn, state["train"], batch, key, cfg.ppo_epochs,
-                                                 cfg.minibatches, self.inputs_at(step))
+                                                 cfg.minibatches, self.inputs_at(scheduled))
     metrics.update(update_metrics)
-    metrics.update({f"schedule/{k}": v for k, v in values_at(self.schedules, step).items()})
+    metrics.update({f"schedule/{k}": v for k, v in scheduled.items()})
     state = dict(state, train=train)
     for _, scorer in self.scorers["score"] + self.scorers["advantages"]:
       if scorer.update is not None:
