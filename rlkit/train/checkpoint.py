@@ -8,7 +8,8 @@ temporary folders are ignored on restore. Saves are synchronous: a step reported
 
 Each step folder `<directory>/<step>/` holds one Orbax item per part:
 
-  state   the stage state pytree, `{"train": TrainState(step, params, opt_state), ...}` (StandardSave)
+  state   the stage state pytree, `{"train": TrainState(step, params, opt_state), ...}` (StandardSave),
+          without its transient entries (`TRANSIENT`: what a stage rebuilds from the rest when it starts)
   meta    the loop's JSON metadata
   model   the model spec (`Checkpointer(..., model_spec=...)`): what the params are, as JSON
           (`rlkit.train.models.model_spec`), so that `rlkit.train.models.load_model` can rebuild the model
@@ -29,6 +30,18 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy
 from rlkit.parallel.rules import path_str
 
 STATE, META, MODEL = "state", "meta", "model"   # item names inside a step folder
+
+# State entries (dict keys, at any depth) that are not saved: each is a function of the rest, rebuilt when the
+# stage starts, so a resumed run holds what an uninterrupted one does. Registered by their owners, e.g. the
+# sampler's weight copy (rl.sync, rlkit/train/weight_sync.py), remade from the restored master.
+TRANSIENT: set = set()
+
+
+def persistent(state: Any) -> Any:
+  """`state` without its TRANSIENT entries (what a checkpoint holds)."""
+  if isinstance(state, dict):
+    return {k: persistent(v) for k, v in state.items() if k not in TRANSIENT}
+  return state
 
 
 class Checkpointer:
@@ -64,7 +77,7 @@ class Checkpointer:
   def save(self, step: int, state: Any, meta: dict) -> None:
     if step in self._manager.all_steps():
       return
-    items = {STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}
+    items = {STATE: ocp.args.StandardSave(persistent(state)), META: ocp.args.JsonSave(meta)}
     if self.model_spec is not None:
       items[MODEL] = ocp.args.JsonSave(self.model_spec)
     if meta.get("done"):

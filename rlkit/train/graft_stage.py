@@ -126,8 +126,8 @@ def _run(ctx, cfg, state, start: int, meta: dict):
                                           augmenter=Augmenter(0))}
 
     def iteration(state, batch, key, iterator, step):
-      slices = {"": state, "peer/": state["peer"]}
-      drawn = {p: learners[p].sample(slices[p]["train"].params, batch, jax.random.fold_in(key, i), iterator)
+      slices = {"": learners[""].ready(state), "peer/": learners["peer/"].ready(state["peer"])}
+      drawn = {p: learners[p].sample(slices[p], batch, jax.random.fold_in(key, i), iterator)
                for i, p in enumerate(learners)}
       metrics = {}
       for prefix, (samples, rewards, _, _) in drawn.items():

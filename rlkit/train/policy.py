@@ -49,7 +49,9 @@ class PolicyAdapter(NamedTuple):
   needs_key: bool = False                     # forward draws noise: the step's inputs must carry "key"
 
 
-# name -> factory(...) -> PolicyAdapter; a factory takes what its policy is built from.
+# name -> factory(...) -> PolicyAdapter; a factory takes what its policy is built from. The RL stages build
+# theirs as factory(model, section, sampling, replay_routing) from `rl.policy`; a stage whose policy is not a
+# Transformer builds its own and calls make_policy_step directly.
 POLICIES: Registry[Callable[..., PolicyAdapter]] = Registry("policy")
 
 

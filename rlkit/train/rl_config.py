@@ -30,6 +30,8 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.task.name = ""              # "" keeps the run's task; else a task registry name (jsonl: kwargs.path)
   c.task.kwargs = ml_collections.ConfigDict()   # that task's parameters
   c.collector = "single_turn"   # how prompts become trajectories (registry COLLECTORS, phases/collect.py)
+  c.policy = "llm"              # what the update differentiates (registry POLICIES, train/policy.py): the
+                                # token decoder's log-probs under the sampler's processed distribution
   c.temperature = 1.0           # sampling temperature (the trainer scores at the same temperature)
   c.top_k = 0                   # sampler top-k (0: off)
   c.top_p = 1.0                 # sampler nucleus mass (1: off)

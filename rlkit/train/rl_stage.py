@@ -41,11 +41,12 @@ from rlkit.train.rl_config import rl_defaults
 from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
 from rlkit.train.phases.advantages import with_advantages
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, build_augmenter
-from rlkit.train.phases.collect import COLLECTORS, Samples, sampling_config
+from rlkit.train.phases.collect import COLLECTORS, CollectEnv, Samples, sampling_config
 from rlkit.train.phases.filter import FILTERS, select_rows
 from rlkit.train.phases.reward import compute_rewards
 from rlkit.train.phases.score import ScoreEnv, build_scorers, run_scorers, scorer_state, train_batch
 from rlkit.train.phases.update import ppo_updates
+from rlkit.train.policy import POLICIES
 from rlkit.train.rl_metrics import accuracy, failures, mismatch, policy_metrics
 from rlkit.train.stages import Stage, loop, register_stage
 from rlkit.train.steps import default_step_inputs, init_train_state, make_rl_step, term_weights
@@ -77,7 +78,8 @@ def init_policy_state(ctx, cfg, params, module=None, own_reference: bool = False
 
 class Learner:
   """One policy's RL iteration (the phases of the module docstring) over its own slice of the stage state
-  (`train`, `ref_params`, `correction` and the scorers' own, e.g. `critic`): `sample` collects, rewards and
+  (`train`, `ref_params`, `correction`, the scorers' own, e.g. `critic`, and with rl.sync the sampler's copy
+  `sampler`, which checkpoints leave out and `ready` remakes): `sample` collects, rewards and
   filters; `learn` scores (the registered scorers active for the section, phases/score.py), corrects,
   computes advantages, runs the scorers that act after the advantages (e.g. GRAFT's peer-row weights),
   updates the policy, then every scorer with an update of its own (the critic). The `rl` stage is one
@@ -97,26 +99,35 @@ class Learner:
     self.correction = CORRECTIONS.get(cfg.correction.name)
     engine = mismatch_from_config(cfg.rollout_mismatch)
     self.sampler_model, self.perturb = sampling_model(self.model, engine), engine.logits_hook(self.sampling)
-    # rl.sync: the sampler's own copy of the weights (its mesh and dtype), synced after every update phase
-    self.sync, self.sampler_copy = weight_sync.build(cfg.sync, state["train"].params, self.sampler_model,
-                                                     ctx.config.model.lora, engine.dtype)
+    # rl.sync: the sampler's own copy of the weights (its mesh and dtype) in state["sampler"], synced after
+    # every update phase
+    self.sync = weight_sync.build(cfg.sync, state["train"].params, self.sampler_model, ctx.config.model.lora,
+                                  engine.dtype)
     self.sampler_model = self.sync.model
-    self.collect = weight_sync.on_sampler(self.sync, COLLECTORS.get(cfg.collector).make(cfg))
+    self.collect = weight_sync.on_sampler(self.sync, COLLECTORS.get(cfg.collector).make(
+        cfg, CollectEnv(tok, ctx.task, ctx.models)))
     self.augmenter = augmenter or build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
     # the traced step inputs that follow a schedule: the augmenter's defaults, overridden by rl.schedules
     self.schedules = {**AUGMENTERS.get(cfg.augment).schedules(cfg), **cfg.schedules.to_dict()}
 
-  def sampler_params(self, params):
-    """What the sampler reads for the policy `params`: its own synced copy (rl.sync), else `params` (LoRA:
-    merged weights or the adapter path)."""
-    return sampling_params(weight_sync.sampling_source(self.sampler_copy, params), self.ctx.config.model.lora)
+  def ready(self, state: dict) -> dict:
+    """The policy state `state` with the sampler's copy (rl.sync) it lacks after a start or a resume (made from
+    `state["train"]`'s params); `state` itself when the copy is there or the sync is off."""
+    return weight_sync.with_copy(self.sync, state)
 
-  def sample(self, params, batch, key, iterator):
-    """collect -> reward -> filter in rounds, from the sampler's view of the policy `params`. Returns (samples,
-    rewards, the first round's rewards, rounds)."""
+  def sampler_params(self, state: dict):
+    """What the sampler reads for the policy state `state`: its own synced copy (rl.sync), else the policy's
+    params (LoRA: merged weights or the adapter path)."""
+    return sampling_params(weight_sync.sampling_source(self.ready(state).get(weight_sync.SAMPLER),
+                                                       state["train"].params), self.ctx.config.model.lora)
+
+  def sample(self, state, batch, key, iterator):
+    """collect -> reward -> filter in rounds, from the sampler's view of the policy state `state` (pass it
+    through `ready` first to keep the copy it makes). Returns (samples, rewards, the first round's rewards,
+    rounds)."""
     cfg, prompts = self.cfg, self.cfg.prompts_per_step
     parts, outputs, rounds = [], [], 0
-    params = self.sampler_params(params)
+    params = self.sampler_params(state)
     while True:
       s = self.collect(self.sampler_model, params, batch, jax.random.fold_in(key, rounds), self.sampling,
                        cfg.group_size, self.ctx.put_batch, first_group_id=rounds * prompts, perturb=self.perturb)
@@ -138,7 +149,7 @@ class Learner:
   def learn(self, state, samples, rewards, capacity, key, step: int = 0):
     """score -> correct -> advantages -> score (after advantages) -> update (the policy, then every scorer
     with an update). `step`: the stage step (the schedules' clock). Returns (state, metrics, skipped, batch)."""
-    cfg = self.cfg
+    cfg, state = self.cfg, self.ready(state)
     batch, metrics = run_scorers(self.scorers["score"], state, train_batch(samples, None, self.ctx.put_batch),
                                  samples)
     metrics.update(mismatch(batch))
@@ -162,14 +173,16 @@ class Learner:
         state, scorer_metrics = scorer.update(state, batch, key)
         metrics.update(scorer_metrics)
     # rl.sync: the sampler's copy follows every update, whichever stage drives this learner
-    self.sampler_copy, synced = weight_sync.update(self.sync, self.sampler_copy, train.params)
+    copy, synced = weight_sync.update(self.sync, state.get(weight_sync.SAMPLER), train.params)
+    if copy is not None:
+      state = dict(state, **{weight_sync.SAMPLER: copy})
     metrics.update(synced)
     return state, metrics, skipped, batch
 
   def iteration(self, state, batch, key, iterator, step):
-    cfg = self.cfg
+    cfg, state = self.cfg, self.ready(state)
     t0 = time.perf_counter()
-    samples, rewards, first, rounds = self.sample(state["train"].params, batch, key, iterator)
+    samples, rewards, first, rounds = self.sample(state, batch, key, iterator)
     lengths = host_rows(samples.rollout.lengths)            # the policy's rows, before any augmentation
     metrics = policy_metrics(rewards, lengths, cfg.group_size)
     samples, rewards = self.augmenter(samples, rewards, jax.random.fold_in(key, 5_000), step)
@@ -218,7 +231,7 @@ def validate(section, name: str) -> None:
   """Range checks of an RL section (types and unknown keys are checked by `config_checks.validate`)."""
   from rlkit.objectives import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
   from rlkit.objectives.loss_terms import LOSS_TERMS, SFT_ONLY_TERMS, policy_loss_error
-  from rlkit.train.phases.advantages import all_estimators
+  from rlkit.train.phases.advantages import all_estimators, min_group_size
 
   def need(ok: bool, key: str, rule: str) -> None:
     if not ok:
@@ -239,6 +252,7 @@ def validate(section, name: str) -> None:
   choice(section.kl_estimator, KL_ESTIMATORS, f"{name}.kl_estimator")
   choice(section.filter, FILTERS, f"{name}.filter")
   choice(section.collector, COLLECTORS, f"{name}.collector")
+  choice(section.policy, POLICIES, f"{name}.policy")
   check_sections(section, name)                # correction, distill, onepo, critic, sync, ... (their own modules)
   choice(section.augment, AUGMENTERS, f"{name}.augment")
   for term in section.loss_terms.keys():
@@ -258,8 +272,9 @@ def validate(section, name: str) -> None:
                         "term is configured).")
   for key in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "minibatches", "micro_batches"):
     need(section[key] >= 1, key, "must be >= 1")
-  need(section.group_size >= 2 or section.advantage == "batch", "group_size",
-       "is too small: group advantages need at least 2 completions per prompt")
+  least = min_group_size(section.advantage)
+  need(section.group_size >= least, "group_size",
+       f"is too small: advantage {section.advantage!r} needs at least {least} completions per prompt")
   need(section.temperature > 0, "temperature", "must be > 0")
   need(section.top_k >= 0, "top_k", "must be >= 0 (0 turns it off)")
   need(0 < section.top_p <= 1, "top_p", "must be in (0, 1] (1 turns it off)")
@@ -285,6 +300,7 @@ def validate(section, name: str) -> None:
                       f"into minibatches x micro_batches = {parts} equal parts.")
   try:
     AUGMENTERS.get(section.augment).check(section, name)
+    COLLECTORS.get(section.collector).check(section, name)
   except ValueError as e:
     raise ConfigError(str(e)) from None
 

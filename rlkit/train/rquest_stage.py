@@ -173,8 +173,9 @@ class _Iteration:
     records = [{"prompt": t, "answer": "", "fields": {}} for t in texts]
     return prompt_batch(records, self.ctx.tokenizer, self.ctx.config.data.max_prompt_len)
 
-  def _sample(self, learner, params, texts, key, group):
-    params = weight_sync.sampling_source(learner.sampler_copy, params)     # rl.sync: the learner's own copy
+  def _sample(self, learner, policy, texts, key, group):
+    """`group` completions per text from the policy state `policy` (its sampler copy with rl.sync)."""
+    params = weight_sync.sampling_source(policy.get(weight_sync.SAMPLER), policy["train"].params)
     s = learner.collect(learner.sampler_model, params, self._prompts(texts), key, learner.sampling, group,
                         self.ctx.put_batch, perturb=learner.perturb)
     return s, reward_batch(s, self.ctx.tokenizer).completions
@@ -185,10 +186,10 @@ class _Iteration:
     out = self.executor.map(checker.analyse_question, rows, fallback=checker.ANALYSIS_FALLBACK)
     return checker.unpack_analyses(out.values), out.failures
 
-  def _judge(self, params, texts, valid, key):
+  def _judge(self, policy, texts, valid, key):
     """Verdicts of the reject head: (samples, rewards, said-valid per draft)."""
     learner, j = self.learners["judge/"], self.r.judge_samples
-    samples, verdicts = self._sample(learner, params, [rq.judge_prompt(t) for t in texts], key, j)
+    samples, verdicts = self._sample(learner, policy, [rq.judge_prompt(t) for t in texts], key, j)
     said = [rq.parse_judgment(v) for v in verdicts]
     rewards = rq.reject_reward(said, np.repeat(valid, j))
     votes = np.array([s is True for s in said]).reshape(-1, j).sum(1)
@@ -198,21 +199,22 @@ class _Iteration:
     del iterator
     r, cfg, metrics = self.r, self.cfg, {}
     bindings = [f["bindings"] for f in batch["fields"]]
-    prop = state["proposer"]
-    drafts, expressions = self._sample(self.learners["proposer/"], prop["train"].params, bindings,
+    state = self.solver.ready(state)
+    prop = self.learners["proposer/"].ready(state["proposer"])
+    drafts, expressions = self._sample(self.learners["proposer/"], prop, bindings,
                                        jax.random.fold_in(key, 1), r.group)
     texts = [e["prompt"] + x.strip() for e, x in zip(drafts.examples, expressions)]
     analysis, failed = self._check(texts)
     valid = analysis["valid"]
     keep = np.ones(len(texts), bool)
     if r.judge_samples:
-      judged, judge_rewards, said_valid = self._judge(prop["train"].params, texts, valid, jax.random.fold_in(key, 2))
+      judged, judge_rewards, said_valid = self._judge(prop, texts, valid, jax.random.fold_in(key, 2))
       metrics.update({"reject/accuracy": float(judge_rewards.rewards.mean()),
                       "reject/dropped": float((~said_valid).mean()),
                       "reject/caught": float((~said_valid & ~valid).sum() / max(int((~valid).sum()), 1))})
       if r.reject_filter:
         keep = said_valid
-    solved, answers = self._sample(self.solver, state["train"].params, [t + "=" for t in texts],
+    solved, answers = self._sample(self.solver, state, [t + "=" for t in texts],
                                    jax.random.fold_in(key, 3), cfg.group_size)
     extracted = [_canonical(self.ctx.task.extract_answer(a)) for a in answers]
     majority, agree = rq.solver_agreement([extracted[i:i + cfg.group_size]

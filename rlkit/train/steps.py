@@ -46,7 +46,7 @@ from rlkit.optim.logra import softmax_fisher_quadratic, softmax_kl
 from rlkit.optim.optimizers import controls_kl, update_info
 from rlkit.optim.trainable import DENSE, GradientPath
 from rlkit.rollout.sampler import SamplingConfig
-from rlkit.train.policy import PolicyAdapter, check_terms, llm_policy
+from rlkit.train.policy import POLICIES, PolicyAdapter, check_terms
 
 Array = jax.Array
 
@@ -327,15 +327,18 @@ def make_policy_step(policy: PolicyAdapter, tx: optax.GradientTransformation, cf
 
 
 def make_rl_loss(model: Transformer, cfg, sampling: SamplingConfig, replay_routing: bool = False):
-  """`make_policy_loss` of the Transformer decoder (the `llm` policy)."""
-  return make_policy_loss(llm_policy(model, cfg, sampling, replay_routing), cfg)
+  """`make_policy_loss` of the Transformer `model` through the section's policy adapter (`cfg.policy`,
+  default `llm`: the decoder's log-probs)."""
+  return make_policy_loss(POLICIES.get(cfg.policy)(model, cfg, sampling, replay_routing), cfg)
 
 
 def make_rl_step(model: Transformer, tx: optax.GradientTransformation, cfg, sampling: SamplingConfig,
                  micro_batches: int = 1, replay_routing: bool = False, path: GradientPath = DENSE):
-  """`rl_step(state, batch: TrainBatch, step_inputs) -> (state, metrics)` of the Transformer decoder; `cfg` is
-  the RL stage section (policy_loss, eps_low/high, dual_clip, aggregation, kl_estimator, kl_beta,
+  """`rl_step(state, batch: TrainBatch, step_inputs) -> (state, metrics)` of the Transformer `model` through
+  the section's policy adapter (`cfg.policy`, default `llm`); `cfg` is the RL stage section (policy,
+  policy_loss, eps_low/high, dual_clip, aggregation, kl_estimator, kl_beta,
   entropy_coef, temperature, max_new_tokens, loss_terms); pass `default_step_inputs(cfg)` (or annealed values)
   as step_inputs. `path`: `optimizers.gradient_path(cfg.optimizer)`. Predicted-KL control measures the
   sampler's softmax(z / T)."""
-  return make_policy_step(llm_policy(model, cfg, sampling, replay_routing), tx, cfg, micro_batches, path)
+  return make_policy_step(POLICIES.get(cfg.policy)(model, cfg, sampling, replay_routing), tx, cfg,
+                          micro_batches, path)

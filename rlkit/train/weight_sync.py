@@ -1,7 +1,7 @@
 """The sampler's own copy of the policy's weights, kept in step with the trainer by a weight sync (`rl.sync`;
 NeMo-DCR and the rollout/sync split of `methods/systems.md` §2 and §7; the transfer itself is `rlkit.sync`).
 
-With `rl.sync.kind` set, the RL stage holds two copies of the policy:
+With `rl.sync.kind` set, the policy's state (the slice an `rl_stage.Learner` drives) holds two copies:
 
   trainer  the float32 master (`state["train"].params`) on the train mesh: scores, updates, checkpoints;
   sampler  e = export(view(master)) (`rlkit.sync.export_params`: floating leaves cast to `sync.dtype`, RNE,
@@ -9,20 +9,22 @@ With `rl.sync.kind` set, the RL stage holds two copies of the policy:
            sampler's weight matmul consumes: rlkit/quant/quantizers.py),
            where view is what the sampler runs (`rlkit.models.lora.sampling_params`: LoRA merged or not),
            laid out on the sampler's mesh (`sync.mesh`, by the default partition rules of
-           `rlkit.parallel.rules`; all zeros: the master's own shardings). Collect samples from it.
+           `rlkit.parallel.rules`; all zeros: the master's own shardings), in `state["sampler"]` (a
+           SamplerCopy). Collect samples from it.
 
-After every update phase `rlkit.sync.sync_params` brings the copy up to date (dense: every tensor;
-sparse_delta: the bits that changed since the last committed export, checked by checksums, committed in two
-phases, resynced on a failure) and the iteration logs the sync's stats as `sync/<stat>` (the stats are
-defined in rlkit/sync/backends.py). The sampler's module stores its params in the sync dtype and computes in
-it, as an engine serving bf16 weights does (`rl.rollout_mismatch.dtype`, when set, still picks the compute
-dtype). With a sampler mesh of its own, collect runs under that mesh (prompts laid out on it) and its rollout
-is handed to the trainer's layout before scoring. Held-out evaluation still samples from the master (it
-measures the trained policy).
+Whichever stage drives the learner, after every update phase `rlkit.sync.sync_params` brings the copy up to
+date (dense: every tensor; sparse_delta: the bits that changed since the last committed export, checked by
+checksums, committed in two phases, resynced on a failure) and the iteration logs the sync's stats as
+`sync/<stat>` (the stats are defined in rlkit/sync/backends.py). The sampler's module stores its params in the
+sync dtype and computes in it, as an engine serving bf16 weights does (`rl.rollout_mismatch.dtype`, when set,
+still picks the compute dtype). With a sampler mesh of its own, collect runs under that mesh (prompts laid out
+on it) and its rollout is handed to the trainer's layout before scoring. Held-out evaluation still samples
+from the master (it measures the trained policy).
 
-Resume. The copy and the sparse baseline are not checkpointed: after a committed sync both equal e of the
-master (a failed sync ends in a resync, which makes them so too), so at the stage's start `resync` rebuilds
-them from the master the checkpoint restored: the state an uninterrupted run holds at that step
+Resume. The copy and the sparse baseline are not checkpointed (SAMPLER is a transient state entry,
+rlkit/train/checkpoint.py): after a committed sync both equal e of the master (a failed sync ends in a resync,
+which makes them so too), so at the stage's first iteration `start` rebuilds them from the master the
+checkpoint restored: the state an uninterrupted run holds at that step
 (tests/train/test_weight_sync.py checks that a resumed run logs what an uninterrupted one does). This start-up
 resync is not logged; `sync/resynced` counts the syncs that failed and were repaired.
 
@@ -53,6 +55,7 @@ from rlkit.parallel.rules import param_shardings, shard_batch
 from rlkit.quant.quantizers import export_shardings
 from rlkit.sync import (SYNC_BACKENDS, SyncConfig, SyncState, export_params, placed_by_arguments, resync, sync_config,
                         sync_defaults, sync_params)
+from rlkit.train.checkpoint import TRANSIENT
 
 LOGGED = ("change_rate", "payload_ratio", "payload_bytes", "dense_bytes", "header_bytes", "dense_fallbacks",
           "encode_s", "route_s", "apply_s", "verify_s", "committed", "resynced")
@@ -128,6 +131,11 @@ def check_sampler_meshes(config, devices) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # The copy
 
+# The policy state's entry holding its SamplerCopy: transient, since `start` remakes it from the master.
+SAMPLER = "sampler"
+TRANSIENT.add(SAMPLER)
+
+
 class SamplerSync(NamedTuple):
   """What the sampler runs on (static for a stage): the sync config (None: off), its module, the copy's
   shardings and mesh (None: the trainer's layout), and `view` (master -> the tree the sampler runs)."""
@@ -140,8 +148,8 @@ class SamplerSync(NamedTuple):
 
 
 class SamplerCopy(NamedTuple):
-  """The sampler's params and the sync's state (its baseline, for sparse_delta). Not checkpointed: see the
-  module docstring."""
+  """The sampler's params and the sync's state (its baseline, for sparse_delta): the policy state's SAMPLER
+  entry. Not checkpointed: see the module docstring."""
   params: Any
   state: SyncState
 
@@ -154,14 +162,13 @@ def sampler_module(model, dtype: str, compute_dtype: str = ""):
   return model if cfg == model.cfg else Transformer(cfg)
 
 
-def build(section, train_params, model, lora, compute_dtype: str = "",
-          where: str = "rl.sync") -> tuple[SamplerSync, Optional[SamplerCopy]]:
-  """(the SamplerSync of a `sync` section, the copy made from `train_params` by a dense resync, or None when
-  the section is off). `model`: the module the sampler would run on the master; `lora`: the policy's `lora`
-  section (the copy is of what the sampler runs: merged or not); `compute_dtype`: rl.rollout_mismatch.dtype."""
+def build(section, train_params, model, lora, compute_dtype: str = "", where: str = "rl.sync") -> SamplerSync:
+  """The SamplerSync of a `sync` section (from the layout of `train_params`; `start` makes the copy).
+  `model`: the module the sampler would run on the master; `lora`: the policy's `lora` section (the copy is of what the
+  sampler runs: merged or not); `compute_dtype`: rl.rollout_mismatch.dtype."""
   view = functools.partial(sampling_params, section=lora)
   if not section.kind:
-    return SamplerSync(None, False, model, None, None, view), None
+    return SamplerSync(None, False, model, None, None, view)
   if jax.process_count() > 1:
     from rlkit.core.errors import ConfigError
     raise ConfigError(f"{where}.kind={section.kind!r} runs in one process only (rlkit.sync has no cross-host "
@@ -173,9 +180,26 @@ def build(section, train_params, model, lora, compute_dtype: str = "",
   kernels = jax.tree.map(lambda x: x.sharding, source) if mesh is None else param_shardings(source, mesh)
   shardings = export_shardings(kernels, jax.eval_shape(lambda p: export_params(p, cfg.dtype, cfg.quantizer),
                                                        source))
-  params, state, _ = resync(source, shardings, cfg)
-  return (SamplerSync(cfg, bool(section.verify_dense), sampler_module(model, cfg.dtype, compute_dtype),
-                      shardings, mesh, view), SamplerCopy(params, state))
+  return SamplerSync(cfg, bool(section.verify_dense), sampler_module(model, cfg.dtype, compute_dtype),
+                     shardings, mesh, view)
+
+
+def start(sync: SamplerSync, train_params) -> Optional[SamplerCopy]:
+  """The copy of `train_params` made by a dense resync (None when the sync is off): what an uninterrupted run
+  holds after any committed sync, so a stage's start and a resume both begin here."""
+  if sync.cfg is None:
+    return None
+  params, state, _ = resync(sync.view(train_params), sync.shardings, sync.cfg)
+  return SamplerCopy(params, state)
+
+
+def with_copy(sync: SamplerSync, state: dict) -> dict:
+  """The policy state `state` with its sampler copy under SAMPLER, made by `start` from `state["train"]`'s
+  params when missing (a stage's first iteration, a resumed one: checkpoints do not hold it); as is when the
+  copy is there or the sync is off."""
+  if sync.cfg is None or SAMPLER in state:
+    return state
+  return dict(state, **{SAMPLER: start(sync, state["train"].params)})
 
 
 def sampling_source(copy: Optional[SamplerCopy], train_params):

@@ -207,7 +207,8 @@ def test_the_sampler_copy_syncs_int8_weights_onto_its_mesh(kind):
   section.update(kind=kind, quantizer="int8", verify_dense=True, capacity_frac=0.25)
   section.mesh.tensor = 2
   with jax.set_mesh(mesh), fast_compile():      # (shapes of this module only: see tests/fast_compile.py)
-    sync, copy = weight_sync.build(section, before, Transformer(CFG), lora.lora_defaults())
+    sync = weight_sync.build(section, before, Transformer(CFG), lora.lora_defaults())
+    copy = weight_sync.start(sync, before)
     copy, m = weight_sync.update(sync, copy, after)
   assert m["sync/committed"] == 1.0 and m["sync/bit_exact"] == 1.0 and m["sync/resynced"] == 0.0
   if kind == "sparse_delta":

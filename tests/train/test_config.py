@@ -206,3 +206,14 @@ def test_validation_does_not_start_the_xla_backend():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_the_fewest_completions_per_prompt_follow_the_estimator():
+  """One completion per prompt is its own group mean: group estimators need two, REINFORCE++ (a batch
+  baseline) and GAE (a critic) need one."""
+  c = _config()
+  c.rl.update(advantage="reinforce_pp", group_size=1)
+  assert _validated(c)["rl"]["group_size"] == 1
+  c.rl.advantage = "batch"
+  with pytest.raises(ConfigError, match=r"rl.group_size=1 is too small: advantage 'batch' needs at least 2"):
+    validate(c)

@@ -102,6 +102,22 @@ def test_checkpointer_save_and_restore_unchanged_by_the_model_spec(run_dir):
   spec_reader.close()
 
 
+def test_transient_state_entries_are_not_saved(tmp_path):
+  """The sampler's weight copy (rl.sync) is remade from the master when a stage starts: checkpoints leave it
+  out at every depth (a graft peer's too) and restore onto the rest."""
+  from rlkit.train import weight_sync
+  state = {"train": {"w": jnp.arange(3.0)}, weight_sync.SAMPLER: jnp.ones(5),
+           "peer": {"train": {"w": jnp.arange(2.0)}, weight_sync.SAMPLER: jnp.ones(4)}}
+  saver = Checkpointer(str(tmp_path / "checkpoints"), every=1)
+  saver.save(1, state, {})
+  kept = ckpt.persistent(state)
+  expected = {"train": state["train"], "peer": {"train": state["peer"]["train"]}}
+  assert jax.tree.structure(kept) == jax.tree.structure(expected)
+  restored, _ = saver.restore(1, kept)
+  jax.tree.map(np.testing.assert_array_equal, restored, kept)
+  saver.close()
+
+
 def test_dtype_and_attention_overrides(run_dir):
   workdir, module, _ = run_dir
   loaded, params, _ = load_model(str(workdir), param_dtype="bfloat16", dtype="bfloat16")

@@ -258,3 +258,27 @@ def test_routing_replay_is_what_the_scorer_and_the_step_read(moe_batch):
       a = float(loss_fn(params, scored, inputs)[0])
       b = float(loss_fn(params, _rotated(scored), inputs)[0])
     assert (a != b) if replay else (a == b), (replay, a, b)
+
+
+def _shaper_batch():
+  from rlkit.rewards import RewardBatch, RewardOutput
+  batch = RewardBatch(prompts=["1+1="] * 2, completions=["2", "3"], completion_tokens=np.zeros((2, 4), np.int32),
+                      lengths=np.array([1, 1]), finished=np.array([True, True]), answers=["2"] * 2,
+                      fields=[{}] * 2, group_ids=np.zeros(2, np.int32))
+  out = RewardOutput(rewards=np.array([1.0, 0.0]), correct=np.array([True, False]), components={}, failures={})
+  return batch, out
+
+
+@pytest.mark.parametrize("shaper, problem", [
+    (lambda cfg, b, out: dataclasses.replace(out, rewards=out.rewards * np.nan), "shaper test_nan.*non-finite"),
+    (lambda cfg, b, out: dataclasses.replace(out, rewards=out.rewards.astype(np.float32)), "float64 array"),
+    (lambda cfg, b, out: dataclasses.replace(out, correct=~out.correct), "changed `correct`")])
+def test_a_shapers_output_is_checked(monkeypatch, shaper, problem):
+  """A registered reward shaper's output is checked as a reward's is, and may not change `correct`."""
+  from rlkit.train.phases.reward import REWARD_SHAPERS, shape_rewards
+  batch, out = _shaper_batch()
+  monkeypatch.setitem(REWARD_SHAPERS._entries, "test_nan", shaper)    # registered for this test only
+  with pytest.raises(ValueError, match=problem):
+    shape_rewards(rl_defaults(), batch, out)
+  monkeypatch.setitem(REWARD_SHAPERS._entries, "test_nan", lambda cfg, b, o: o)
+  assert shape_rewards(rl_defaults(), batch, out).rewards is out.rewards

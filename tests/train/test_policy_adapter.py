@@ -214,3 +214,45 @@ def test_the_llm_adapter_ignores_a_key():
   assert float(m["loss"].value) == float(mk["loss"].value) and float(m["entropy"].value) > 0
   for x, y in zip(jax.tree.leaves(plain.params), jax.tree.leaves(keyed.params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _sharpened(model, cfg, sampling, replay_routing=False):
+  """The llm adapter at twice the log-probs (a policy the update must differentiate instead of the decoder's)."""
+  llm = POLICIES.get("llm")(model, cfg, sampling, replay_routing)
+
+  def forward(params, mb, keys):
+    logp, aux = llm.forward(params, mb, keys)
+    return 2.0 * logp, aux
+
+  return llm._replace(name="test_sharpened", forward=forward)
+
+
+POLICIES.add("test_sharpened", _sharpened)
+
+
+@fast_compile()
+def test_rl_policy_selects_the_adapter_the_step_differentiates():
+  from configs import grpo_arith
+  from rlkit.train.config_checks import validate
+  cfg = TransformerConfig(vocab_size=16, hidden_size=16, intermediate_size=24, num_layers=1, num_heads=2,
+                          num_kv_heads=1, head_dim=8, rope_theta=10_000.0)
+  model, sampling = Transformer(cfg), SamplingConfig(max_new_tokens=3)
+  rng = np.random.default_rng(0)
+  n = 4
+  logp = jnp.asarray(-rng.uniform(1, 3, (n, 3)), jnp.float32)
+  b = TrainBatch(tokens=jnp.asarray(rng.integers(1, 16, (n, 5)), jnp.int32), attention_mask=jnp.ones((n, 5), bool),
+                 loss_mask=jnp.ones((n, 3), bool), old_logp=logp, rollout_logp=logp,
+                 advantages=jnp.asarray(rng.normal(size=(n, 3)), jnp.float32), token_weights=jnp.ones((n, 3)),
+                 group_ids=jnp.zeros(n, jnp.int32), row_source=jnp.zeros(n, jnp.int32))
+  params, tx = init_params(cfg, jax.random.key(0)), optax.sgd(0.1)
+  losses = {}
+  for name in ("llm", "test_sharpened"):
+    c = _cfg(max_new_tokens=3, policy=name)
+    _, m = make_rl_step(model, tx, c, sampling)(init_train_state(jax.tree.map(jnp.copy, params), tx), b,
+                                                default_step_inputs(c))
+    losses[name] = float(m["loss"].value)
+  assert losses["llm"] != losses["test_sharpened"]
+  c = grpo_arith.get_config("test")
+  c.rl.policy = "test_sharpend"
+  with pytest.raises(ConfigError, match=r"rl.policy='test_sharpend'.*test_sharpened"):
+    validate(c)

@@ -476,6 +476,7 @@ LOW_RANK_FIELDS = tuple(k for k in optimizer_defaults() if k.startswith("logra_"
 COVERED_ELSEWHERE = {
     "kind": "the stage kind itself (registry STAGES)",
     "collector": "tests/train/test_weight_sync.py (its runs sample through a registered collector of the test)",
+    "policy": "tests/train/test_policy_adapter.py::test_rl_policy_selects_the_adapter_the_step_differentiates",
     "sync.quantizer": "tests/quant/test_quantizers.py (an RL run sampling from the int8 copy; bf16 bit-exact)",
     "task.name": "tests/train/test_run.py (the run driver builds the stage's Context from the stage's task)",
     "task.kwargs": "tests/train/test_run.py (as task.name)",

@@ -33,6 +33,7 @@ from rlkit.core.errors import ConfigError
 from rlkit.train.config import base_config
 from rlkit.train.rl_config import rl_defaults
 from rlkit.train.catalog import STAGES
+from rlkit.train.checkpoint import persistent
 from rlkit.train.stages import Context
 
 STEPS = 3
@@ -63,8 +64,9 @@ class _MemoryCheckpointer:
   def should_save(self, step):
     return True
 
-  def save(self, step, state, meta):
-    self.saved[step] = (jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, state), dict(meta))
+  def save(self, step, state, meta):                 # what the Orbax Checkpointer writes: the persistent part
+    self.saved[step] = (jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, persistent(state)),
+                        dict(meta))
 
 
 class Run(NamedTuple):
@@ -78,7 +80,7 @@ class Run(NamedTuple):
 _SAMPLED_FROM: list = []
 
 
-def _recording_collector(cfg):
+def _recording_collector(cfg, env):
   """The single-turn collector, recording the params it samples from (their dtype, mesh) and the model's dtype."""
   def collect_and_record(model, params, *args, **kwargs):
     leaf = jax.tree.leaves(params)[0]
@@ -216,6 +218,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one_with_sync_on():
   not checkpointed: resuming after step 1 logs exactly the uninterrupted run's steps 2..STEPS."""
   full = run(**SPARSE)
   state, meta = full.checkpointer.saved[1]
+  assert weight_sync.SAMPLER not in state and set(state) == {"train"}     # the copy is a transient entry
   resumed = _run(SPARSE, start=1, resume=(state, meta))
   assert [_untimed(r) for r in resumed.rows] == [_untimed(r) for r in full.rows[1:]]
   np.testing.assert_array_equal(_bits(resumed.delta), _bits(full.delta))
@@ -248,7 +251,8 @@ def _sync(**fields):
   """(SamplerSync, copy after one sync of the nudged params, its metrics) for a section with `fields`."""
   before, after = _params_pair()
   with jax.set_mesh(_train_mesh()):
-    sync, copy = weight_sync.build(_section(**fields), before, ts.MODEL, base_config().model.lora)
+    sync = weight_sync.build(_section(**fields), before, ts.MODEL, base_config().model.lora)
+    copy = weight_sync.start(sync, before)
     copy, metrics = weight_sync.update(sync, copy, after)
   return sync, copy, metrics
 
@@ -331,7 +335,8 @@ def test_with_lora_the_copy_is_what_the_sampler_runs(merged):
   moved = jax.tree_util.tree_map_with_path(
       lambda p, x: x + 0.01 if jax.tree_util.keystr(p).endswith(f"{lora.B}']") else x, master)
   with jax.set_mesh(mesh):
-    sync, copy = weight_sync.build(_section(kind="sparse_delta", capacity_frac=0.25), master, ts.MODEL, section)
+    sync = weight_sync.build(_section(kind="sparse_delta", capacity_frac=0.25), master, ts.MODEL, section)
+    copy = weight_sync.start(sync, master)
     copy, m = weight_sync.update(sync, copy, moved)
   assert m["sync/committed"] == 1.0 and m["sync/change_rate"] > 0
   assert lora.has_adapters(copy.params) == (not merged)

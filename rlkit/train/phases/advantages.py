@@ -45,6 +45,7 @@ class RewardArrays(NamedTuple):
 class TokenEstimator(NamedTuple):
   fn: Callable            # (rewards: RewardArrays, batch: TrainBatch, cfg, capacity, valid) -> (adv [N, R], extras)
   needs_values: bool      # True: the batch must carry the critic's extras["values"]
+  min_group: int = 2      # the fewest completions per prompt it gives a signal with (1: no group baseline)
 
 
 TOKEN_ESTIMATORS: Registry[TokenEstimator] = Registry("token advantage estimator")
@@ -80,8 +81,8 @@ def _reinforce_pp_baseline(rewards, batch: TrainBatch, cfg, capacity, valid):
   return reinforce_pp_baseline_advantages(rewards.rewards, batch.loss_mask, capacity, valid), {}
 
 
-TOKEN_ESTIMATORS.add("gae", TokenEstimator(_gae, needs_values=True))
-TOKEN_ESTIMATORS.add("reinforce_pp", TokenEstimator(_reinforce_pp, needs_values=False))
+TOKEN_ESTIMATORS.add("gae", TokenEstimator(_gae, needs_values=True, min_group=1))
+TOKEN_ESTIMATORS.add("reinforce_pp", TokenEstimator(_reinforce_pp, needs_values=False, min_group=1))
 TOKEN_ESTIMATORS.add("reinforce_pp_baseline", TokenEstimator(_reinforce_pp_baseline, needs_values=False))
 
 
@@ -92,6 +93,12 @@ def all_estimators() -> Registry:
     for name in reg:
       every.add(name, reg.get(name))
   return every
+
+
+def min_group_size(name: str) -> int:
+  """The fewest completions per prompt estimator `name` gives a signal with: 2 for a group estimator (one
+  completion is its own group mean), a token estimator's `min_group`."""
+  return TOKEN_ESTIMATORS.get(name).min_group if name in TOKEN_ESTIMATORS else 2
 
 
 def needs_values(name: str) -> bool:

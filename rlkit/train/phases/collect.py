@@ -2,11 +2,14 @@
 the stage's collector (registry `COLLECTORS`, config `rl.collector`).
 
 A collector is `fn(model, params, batch, key, sampling, group_size, put_batch, first_group_id=0, perturb=None)
--> Samples`, registered as `CollectorSpec(make)` with `make(cfg) -> fn` built once per learner (a collector
-with an environment or tools builds them there). `single_turn` (the default) samples one completion per row
-with the KV-cache sampler; a multi-turn collector drives the resumable sampler (`rlkit.rollout.resumable`:
-prefill, decode until a stop set, append an observation into the live cache, decode again) and returns a
-`Rollout` whose loss mask leaves the appended tokens out, with their segment kinds and turn ids.
+-> Samples`, registered as `CollectorSpec(make, check)`: `make(cfg, env) -> fn` is built once per learner from
+the stage section and a `CollectEnv` (the tokenizer, the task, the other models; a collector with an
+environment or tools builds them there), and `check(section, name)` validates the collector's settings with
+the rest of the section (ValueError naming the key and the fix). `single_turn` (the default) samples one
+completion per row with the KV-cache sampler; a multi-turn collector drives the resumable sampler
+(`rlkit.rollout.resumable`: prefill, decode until a stop set, append an observation into the live cache,
+decode again) and returns a `Rollout` whose loss mask leaves the appended tokens out, with their segment kinds
+and turn ids.
 
 `Samples` keeps the sampler's `Rollout` (device arrays, every row) beside what the host knows of each row's
 example (prompt text, answer, extra fields) and where the row came from (`row_source`, `valid`), so later
@@ -18,7 +21,7 @@ Multi-host: the rollout's arrays are global; the host lists hold this process's 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -85,9 +88,22 @@ def sampling_config(cfg, tokenizer) -> SamplingConfig:
                         top_p=cfg.top_p, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
 
 
+class CollectEnv(NamedTuple):
+  """What a collector may build from besides its section: the run's tokenizer (to encode observations and
+  tool results), its task and the `config.models` roles (rlkit.train.models.Model), e.g. a simulated user."""
+  tokenizer: Any
+  task: Any = None
+  models: dict = {}
+
+
+def _no_check(section, name: str) -> None:
+  del section, name
+
+
 class CollectorSpec(NamedTuple):
-  make: Callable[..., Callable[..., Samples]]     # (stage section) -> the collect function
+  make: Callable[..., Callable[..., Samples]]     # (stage section, CollectEnv) -> the collect function
+  check: Callable[[Any, str], None] = _no_check   # (stage section, its name) -> None; raises ValueError
 
 
 COLLECTORS: Registry[CollectorSpec] = Registry("collector")
-COLLECTORS.add("single_turn", CollectorSpec(lambda cfg: collect))
+COLLECTORS.add("single_turn", CollectorSpec(lambda cfg, env: collect))

@@ -5,16 +5,20 @@ as text and tokens, answers, every extra field of the examples, lengths, finishe
 returns a `RewardOutput` (rewards, optional `correct`, named components, failures). Then every registered
 reward shaper (registry `REWARD_SHAPERS`) may add to the rewards: a shaper is `fn(stage section, RewardBatch,
 RewardOutput) -> RewardOutput` and returns the output unchanged when its settings are off (DAPO's soft overlong
-punishment, rlkit/train/overlong.py, adds the component `overlong` when `rl.overlong_cache` > 0).
+punishment, rlkit/train/overlong.py, adds the component `overlong` when `rl.overlong_cache` > 0). Each shaper's
+output is checked as a reward's is (`check_output`), and `correct` must come back unchanged: shaping is not
+correctness.
 """
 from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 
 from rlkit.core.registry import Registry
 from rlkit.models.tokenizer import decode_responses
 from rlkit.rewards import RewardBatch, RewardOutput
+from rlkit.rewards.batch import check_output
 from rlkit.parallel.hosts import host_rows
 from rlkit.train.phases.collect import Samples
 
@@ -32,10 +36,20 @@ def reward_batch(samples: Samples, tokenizer) -> RewardBatch:
 REWARD_SHAPERS: Registry[Callable[..., RewardOutput]] = Registry("reward shaper")
 
 
-def compute_rewards(reward_fn, samples: Samples, tokenizer, cfg) -> RewardOutput:
-  """`reward_fn` on this process's rows, then every registered shaper in name order."""
-  batch = reward_batch(samples, tokenizer)
-  out = reward_fn(batch)
+def shape_rewards(cfg, batch: RewardBatch, out: RewardOutput) -> RewardOutput:
+  """Every registered shaper in name order on the reward function's `out`; ValueError naming the shaper when
+  one returns an invalid output or changes `correct`."""
   for name in REWARD_SHAPERS:
-    out = REWARD_SHAPERS.get(name)(cfg, batch, out)
+    shaped = check_output(REWARD_SHAPERS.get(name)(cfg, batch, out), len(batch), f"shaper {name}")
+    if (shaped.correct is None) != (out.correct is None) or (
+        out.correct is not None and not np.array_equal(shaped.correct, out.correct)):
+      raise ValueError(f"reward shaper {name!r} changed `correct`: shaping is not correctness (the accuracy "
+                       "metrics read it); return the output's `correct` unchanged and add a component instead.")
+    out = shaped
   return out
+
+
+def compute_rewards(reward_fn, samples: Samples, tokenizer, cfg) -> RewardOutput:
+  """`reward_fn` on this process's rows, then every registered shaper (`shape_rewards`)."""
+  batch = reward_batch(samples, tokenizer)
+  return shape_rewards(cfg, batch, reward_fn(batch))
