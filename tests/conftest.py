@@ -1,5 +1,6 @@
-"""Test-wide setup: 8 simulated CPU devices (for mesh tests), float32 matmuls at full precision, and one
-persistent compilation cache for the whole run."""
+"""Test-wide setup: 8 simulated CPU devices (for mesh tests), float32 matmuls at full precision, one
+persistent compilation cache for the whole run, and XLA's optimisation passes off (but where a test turns them
+on, `tests.fast_compile.optimized()`)."""
 import atexit
 import os
 import shutil
@@ -24,8 +25,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
+# Most of XLA's optimisation passes off for the whole run (and its subprocesses): nearly every test compiles
+# small programs, and the passes are about half of each compile. A comparison between two programs compiles
+# both alike either way. Tests about the optimised program itself (its memory analysis) compile under
+# `tests.fast_compile.optimized()`.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-
