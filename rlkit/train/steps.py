@@ -336,9 +336,8 @@ def make_rl_step(model: Transformer, tx: optax.GradientTransformation, cfg, samp
                  micro_batches: int = 1, replay_routing: bool = False, path: GradientPath = DENSE):
   """`rl_step(state, batch: TrainBatch, step_inputs) -> (state, metrics)` of the Transformer `model` through
   the section's policy adapter (`cfg.policy`, default `llm`); `cfg` is the RL stage section (policy,
-  policy_loss, eps_low/high, dual_clip, aggregation, kl_estimator, kl_beta,
-  entropy_coef, temperature, max_new_tokens, loss_terms); pass `default_step_inputs(cfg)` (or annealed values)
-  as step_inputs. `path`: `optimizers.gradient_path(cfg.optimizer)`. Predicted-KL control measures the
+  policy_loss, eps_low/high, dual_clip, aggregation, kl_estimator, kl_beta, entropy_coef, temperature,
+  max_new_tokens, loss_terms); pass `default_step_inputs(cfg)` (or annealed values) as step_inputs. `path`: `optimizers.gradient_path(cfg.optimizer)`. Predicted-KL control measures the
   sampler's softmax(z / T)."""
   return make_policy_step(POLICIES.get(cfg.policy)(model, cfg, sampling, replay_routing), tx, cfg,
                           micro_batches, path)

@@ -29,6 +29,7 @@ distributions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -94,6 +95,12 @@ class ScoreEnv:
   model: Any
   own_reference: bool
 
+  @functools.cached_property
+  def policy_logp(self) -> Callable:
+    """The jitted `score(params, batch)` of the learner's policy module, built once: the policy scorer and a
+    reference kept as this learner's initial params run the same program."""
+    return make_scorer(self.model, self.sampling, self.cfg.replay_routing)
+
 
 class Scorer(NamedTuple):
   score: Callable[[dict, TrainBatch, Samples], tuple[TrainBatch, dict]]
@@ -151,8 +158,7 @@ def _logp_scorer(fn: Callable, params_of: Callable[[dict], Any], write: Callable
 
 
 def _policy(env: ScoreEnv) -> Scorer:
-  fn = make_scorer(env.model, env.sampling, env.cfg.replay_routing)
-  return _logp_scorer(fn, lambda state: state["train"].params, lambda b, logp: b.replace(old_logp=logp))
+  return _logp_scorer(env.policy_logp, lambda state: state["train"].params, lambda b, logp: b.replace(old_logp=logp))
 
 
 def _reference(env: ScoreEnv) -> Optional[Scorer]:
@@ -162,8 +168,7 @@ def _reference(env: ScoreEnv) -> Optional[Scorer]:
   if "reference" in models and not env.own_reference:
     ref = models["reference"]
     return _logp_scorer(make_scorer(ref.module, env.sampling), lambda state: ref.params, write)
-  fn = make_scorer(env.model, env.sampling, env.cfg.replay_routing)
-  return _logp_scorer(fn, lambda state: state["ref_params"], write)
+  return _logp_scorer(env.policy_logp, lambda state: state["ref_params"], write)
 
 
 def _roles(env: ScoreEnv) -> Optional[Scorer]:
