@@ -104,15 +104,16 @@ def prompt_batch(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, max
 
 
 def sft_batch(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, max_len: int,
-              add_bos: Optional[bool] = None) -> dict[str, np.ndarray]:
-  """[BOS] prompt completion EOS, right-padded to `max_len`; see the module docstring for the fields."""
+              add_bos: Optional[bool] = None, loss_on: str = "completion") -> dict[str, np.ndarray]:
+  """[BOS] prompt completion EOS, right-padded to `max_len`; see the module docstring for the fields.
+  `loss_on="all"` marks every real token as a target, the prompt's too."""
   records = [decode_record(r) for r in records]
   prompts = tokenizer.encode_batch([r["prompt"] for r in records], add_bos=_resolve_bos(tokenizer, add_bos))
   completions = tokenizer.encode_batch([completion_text(r) for r in records], add_eos=True)
   tokens, attention_mask = pad_right([p + c for p, c in zip(prompts, completions)], max_len, tokenizer.pad_id)
   loss_mask = np.zeros_like(attention_mask)
   for row, (p, c) in enumerate(zip(prompts, completions)):
-    loss_mask[row, len(p):len(p) + len(c)] = True
+    loss_mask[row, 0 if loss_on == "all" else len(p):len(p) + len(c)] = True
   return {"tokens": tokens, "attention_mask": attention_mask, "loss_mask": loss_mask,
           **_object_columns(records)}
 
@@ -180,11 +181,11 @@ def make_iterator(source: Any, batch_size: int, seed: int, tokenizer: Tokenizer,
 def make_sft_iterator(source: Any, batch_size: int, seed: int, tokenizer: Tokenizer, max_len: int, *,
                       num_epochs: Optional[int] = None, add_bos: Optional[bool] = None,
                       drop_remainder: bool = True, process_index: int = 0, process_count: int = 1,
-                      read_threads: int = 1) -> grain.DatasetIterator:
+                      read_threads: int = 1, loss_on: str = "completion") -> grain.DatasetIterator:
   """Checkpointable iterator of `sft_batch` dicts, shuffled by `seed`; `num_epochs=None` repeats forever.
 
   `batch_size` is the global batch; this process gets its `batch_size // process_count` rows of each.
   """
-  collate = functools.partial(sft_batch, tokenizer=tokenizer, max_len=max_len, add_bos=add_bos)
+  collate = functools.partial(sft_batch, tokenizer=tokenizer, max_len=max_len, add_bos=add_bos, loss_on=loss_on)
   return _iterator(source, batch_size, seed, collate, num_epochs, drop_remainder, process_index,
                    process_count, read_threads)

@@ -21,10 +21,13 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 _BYTES = 256
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: tuple[str, str, str] = SPECIAL_TOKENS):
+def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: tuple[str, str, str] = SPECIAL_TOKENS,
+              split_digits: bool = False):
   """A `tokenizers.Tokenizer` with byte-level BPE learned from `texts`, of at most `vocab_size` tokens.
 
   :param special_tokens: (pad, bos, eos) strings; they get ids 0, 1, 2.
+  :param split_digits: every digit its own token (as Qwen's tokenizer does): no merge ever joins digits, so a
+    number's tokens are its digits, the same in every number (what a small model learning arithmetic needs).
   :returns: the tokenizer; the vocabulary is smaller than `vocab_size` when the corpus runs out of merges.
   """
   import tokenizers
@@ -41,7 +44,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: tuple[str, 
     raise ValueError(f"train_bpe: vocab_size={vocab_size} is below {floor} (256 bytes + 3 specials), the "
                      "smallest byte-level vocabulary; raise it (each token above the floor is one merge).")
   tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                       if split_digits else byte_level)
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -64,12 +69,12 @@ def save_tokenizer_folder(tok, folder: str, special_tokens: tuple[str, str, str]
   return folder
 
 
-def bpe_tokenizer(texts: Iterable[str], vocab_size: int, folder: Optional[str] = None):
+def bpe_tokenizer(texts: Iterable[str], vocab_size: int, folder: Optional[str] = None, split_digits: bool = False):
   """`train_bpe` wrapped as an rlkit `HFTokenizer` (pad/bos/eos set), saved to and loaded from `folder` when
   given (so a run can name it in config as `hf` with `path_or_tokenizer_json=folder`)."""
   from rlkit.models.tokenizer import HFTokenizer
 
-  tok = train_bpe(texts, vocab_size)
+  tok = train_bpe(texts, vocab_size, split_digits=split_digits)
   if folder is not None:
     return HFTokenizer(save_tokenizer_folder(tok, folder))
   pad, bos, eos = SPECIAL_TOKENS

@@ -47,6 +47,8 @@ def sft_defaults() -> ml_collections.ConfigDict:
   c.batch_size = 32             # sequences per step
   c.micro_batches = 1           # gradient accumulation slices per step
   c.max_len = 32                # tokens per SFT sequence (prompt + completion + EOS), padded (0: the data's longest)
+  c.pack = False                # concatenate examples into full rows of max_len tokens (pretraining: data/packing.py)
+  c.loss_on = "completion"      # targets: completion (+ EOS) | all (every token: pretraining models the prompts too)
   c.eval_every = 0              # evaluate every N steps (0: only at the end of the stage)
   c.stop_at_loss = 0.0          # end the stage early once the moving average of the loss is below this (0: off)
   c.task = ml_collections.ConfigDict()   # this stage's own task (and data), overriding the run's `task`
@@ -158,7 +160,8 @@ def extra_set_config(config, name: str) -> ml_collections.ConfigDict:
 def task_kwargs(config) -> dict:
   """The task's constructor arguments: `task.kwargs`, plus the training file as `path` for a task that serves
   files (see `split_files`)."""
-  kwargs = dict(config.task.kwargs)
+  kwargs = config.task.kwargs
+  kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs)   # nested sections as plain dicts
   keys = split_files(config.task.name)
   if keys:
     kwargs["path"] = config.data[keys["train"]]

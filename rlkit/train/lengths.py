@@ -80,7 +80,8 @@ def needed_lengths(config, tokenizer) -> dict[str, tuple[int, str]]:
                         for split, rows in split_rows(own).items() if rows}
     for split, (rows, prompts, sequences) in cache[id(own)].items():
       need("data.max_prompt_len", *_longest(prompts, rows, _where(own, split)))
-      if "max_len" in config[name] and split == "train":
+      # A packed stage (sft.pack) splits long examples across rows: no per-example limit.
+      if "max_len" in config[name] and split == "train" and not config[name].get("pack"):
         need(f"{name}.max_len", *_longest(sequences, rows, _where(own, split)))
   return needed
 

@@ -47,7 +47,7 @@ def build_data(config, workdir: str) -> dict:
   files = data_files(config)
   if files is not None:
     return prepare_jsonl(files, data_dir, required_fields=tuple(config.task.kwargs.get("required_fields", ())))
-  return prepare(config.task.name, dict(config.task.kwargs), config.data.num_train, config.data.num_test,
+  return prepare(config.task.name, task_kwargs(config), config.data.num_train, config.data.num_test,
                  config.seed, data_dir)
 
 

@@ -1,13 +1,16 @@
 """The `sft` stage: supervised fine-tuning on the task's demonstrations (next-token NLL on the completion).
 
 One iteration: an `sft_batch` ([BOS] prompt completion EOS, right-padded; the loss on completion tokens) ->
-one jitted `sft_step`. `stop_at_loss` ends the stage once the loss's moving average is below it.
+one jitted `sft_step`. `pack=True` fills every row with whole examples instead (rlkit/data/packing.py), and
+`loss_on="all"` trains on the prompts too: together, pretraining on a task's examples (experiments/base).
+`stop_at_loss` ends the stage once the loss's moving average is below it.
 """
 from __future__ import annotations
 
 import jax
 import numpy as np
 
+from rlkit.data.packing import LOSS_ON, make_packed_sft_iterator
 from rlkit.data.pipeline import make_sft_iterator
 from rlkit.optim.optimizers import gradient_path, make_optimizer
 from rlkit.core.errors import ConfigError
@@ -24,9 +27,9 @@ def _init(ctx, cfg, params):
 def _run(ctx, cfg, state, start: int, meta: dict):
   tx = make_optimizer(cfg.optimizer, cfg.steps)
   step_fn = make_sft_step(ctx.model, tx, cfg.micro_batches, gradient_path(cfg.optimizer))
-  it = make_sft_iterator(ctx.train_source, cfg.batch_size, ctx.config.seed + 1000 * meta["stage_index"],
-                         ctx.tokenizer, cfg.max_len, process_index=jax.process_index(),
-                         process_count=jax.process_count())
+  make = make_packed_sft_iterator if cfg.pack else make_sft_iterator
+  it = make(ctx.train_source, cfg.batch_size, ctx.config.seed + 1000 * meta["stage_index"], ctx.tokenizer,
+            cfg.max_len, loss_on=cfg.loss_on, process_index=jax.process_index(), process_count=jax.process_count())
 
   def iteration(state, batch, key, iterator, step):
     del key, iterator, step
@@ -46,6 +49,11 @@ def validate(section, name: str) -> None:
   if section.max_len == 1 or section.max_len < 0:
     raise ConfigError(f"{name}.max_len={section.max_len} must be >= 2 (a prompt token and a target), or 0 to "
                       "derive it from the data.")
+  if section.pack and section.max_len == 0:
+    raise ConfigError(f"{name}.pack=True packs examples into rows of {name}.max_len tokens, so it needs the row "
+                      f"length: set {name}.max_len (e.g. 256) instead of 0.")
+  if section.loss_on not in LOSS_ON:
+    raise ConfigError(f"{name}.loss_on={section.loss_on!r} is not one of {', '.join(LOSS_ON)}.")
 
 
 register_stage("sft", Stage(_init, _run, sft_defaults, validate))
