@@ -54,9 +54,14 @@ def _unique_examples(task: Task, rng: np.random.Generator, count: int, exclude: 
   return rows
 
 
+def generate_test_split(task: Task, num_test: int, seed: int) -> list[dict]:
+  """The test rows of `generate_splits` alone (drawn first, from their own stream), without the train split."""
+  return _unique_examples(task, np.random.default_rng([seed, 1]), num_test, exclude=set())
+
+
 def generate_splits(task: Task, num_train: int, num_test: int, seed: int) -> dict[str, list[dict]]:
   """Deterministic train/test rows {prompt, answer, demonstration, fields} with no test prompt in train."""
-  test = _unique_examples(task, np.random.default_rng([seed, 1]), num_test, exclude=set())
+  test = generate_test_split(task, num_test, seed)
   train = _unique_examples(task, np.random.default_rng([seed, 0]), num_train,
                            exclude={r["prompt"] for r in test})
   return {"train": train, "test": test}

@@ -19,7 +19,7 @@ import ml_collections
 from rlkit.data.jsonl import load_jsonl
 from rlkit.data.pipeline import token_lengths
 from rlkit.data.tasks import make_task
-from rlkit.data.splits import generate_splits
+from rlkit.data.splits import generate_splits, generate_test_split
 from rlkit.core.errors import ConfigError
 from rlkit.train.config import data_files, stage_config, task_kwargs
 
@@ -29,12 +29,15 @@ from rlkit.train.config import data_files, stage_config, task_kwargs
 _generated_splits = functools.lru_cache(maxsize=4)(generate_splits)
 
 
-def split_rows(config) -> dict[str, list[dict[str, Any]]]:
-  """{split: rows} the run's data will hold (see the module docstring)."""
+def split_rows(config, with_train: bool = True) -> dict[str, list[dict[str, Any]]]:
+  """{split: rows} the run's data will hold (see the module docstring); without the train split when
+  `with_train` is False (it is not generated: the test split is drawn first, from its own stream)."""
   files = data_files(config)
   if files is not None:
-    return {split: load_jsonl(path) for split, path in files.items()}
+    return {split: load_jsonl(path) for split, path in files.items() if with_train or split != "train"}
   task = make_task(config.task.name, **task_kwargs(config))
+  if not with_train:
+    return {"test": generate_test_split(task, config.data.num_test, config.seed)}
   try:
     hash(task)
   except TypeError:         # a task with an unhashable parameter is generated afresh
@@ -70,18 +73,22 @@ def needed_lengths(config, tokenizer) -> dict[str, tuple[int, str]]:
     if key not in needed or length > needed[key][0]:
       needed[key] = (length, where)
 
-  cache: dict[int, dict] = {}
+  cache: dict[tuple, dict] = {}
   for name in config.stages:
     if "data" not in STAGES.get(config[name].kind).needs:
       continue
     own = stage_config(config, name)
-    if id(own) not in cache:
-      cache[id(own)] = {split: (rows, *_token_lengths(rows, tokenizer, _where(own, split)))
-                        for split, rows in split_rows(own).items() if rows}
-    for split, (rows, prompts, sequences) in cache[id(own)].items():
+    # A packed stage (sft.pack) reads its training examples only as rows of max_len tokens, split wherever a
+    # row ends: no limit applies to them, so they are neither generated nor tokenised here (a pretraining
+    # corpus of a million examples would take minutes).
+    with_train = not config[name].get("pack")
+    key = (id(own), with_train)
+    if key not in cache:
+      cache[key] = {split: (rows, *_token_lengths(rows, tokenizer, _where(own, split)))
+                    for split, rows in split_rows(own, with_train).items() if rows}
+    for split, (rows, prompts, sequences) in cache[key].items():
       need("data.max_prompt_len", *_longest(prompts, rows, _where(own, split)))
-      # A packed stage (sft.pack) splits long examples across rows: no per-example limit.
-      if "max_len" in config[name] and split == "train" and not config[name].get("pack"):
+      if "max_len" in config[name] and split == "train":
         need(f"{name}.max_len", *_longest(sequences, rows, _where(own, split)))
   return needed
 

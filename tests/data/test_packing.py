@@ -79,3 +79,22 @@ def test_bad_arguments_are_refused(rows):
 def test_unpacked_loss_on_all_marks_every_real_token(rows):
   batch = sft_batch(rows[:3], TOK, 16, loss_on="all")
   np.testing.assert_array_equal(batch["loss_mask"], batch["attention_mask"])
+
+
+def test_a_packed_stage_checks_lengths_without_generating_its_training_split():
+  """sft.pack reads the training examples only as packed rows: validation neither generates them (a pretraining
+  corpus is large) nor limits their length; the test split's prompts still set data.max_prompt_len."""
+  import configs.grpo_arith
+  from rlkit.data.splits import generate_splits
+  from rlkit.train.lengths import needed_lengths, split_rows
+  from rlkit.train.models import run_tokenizer
+
+  c = configs.grpo_arith.get_config("test")
+  c.stages = ("sft",)
+  c.sft.pack, c.sft.max_len = True, 4                    # shorter than any example: fine when packed
+  task = make_task("arithmetic", **c.task.kwargs.to_dict())
+  assert split_rows(c, with_train=False) == {"test": generate_splits(task, 50, c.data.num_test, c.seed)["test"]}
+  needed = needed_lengths(c, run_tokenizer(c))
+  assert set(needed) == {"data.max_prompt_len"} and "test split" in needed["data.max_prompt_len"][1]
+  c.sft.pack = False
+  assert needed_lengths(c, run_tokenizer(c))["sft.max_len"][0] > 4
