@@ -50,7 +50,7 @@ def get_config(arg=None):
   c.tokenizer.kind = "hf"            # the BPE folder build.py trains (tokenizer.path)
   c.data.num_train = 1_200_000      # ~24 tokens an example: about one pass over them in 7,000 steps
   c.data.num_test = 2_200            # ~200 held-out examples per skill
-  c.data.max_prompt_len = 0          # derived: the longest prompt
+  c.data.max_prompt_len = 60         # the longest prompt of the corpus (a 7-step chain); what 0 derived at ef601c3
   hidden, layers, heads, kv, mlp, head_dim = SHAPES["tiny" if preset == "tiny" else "7m"]
   c.model.hidden_size, c.model.num_layers, c.model.num_heads = hidden, layers, heads
   c.model.num_kv_heads, c.model.intermediate_size, c.model.head_dim = kv, mlp, head_dim
