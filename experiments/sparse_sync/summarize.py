@@ -125,7 +125,8 @@ def projection_lines(runs: dict) -> list:
   with N: the ratio T_sparse / T_dense is then the same for every N), and the bytes-only limit r 2N/B."""
   bps = np.array(GBITS, np.float64) * 1e9 / 8
   lines = ["| arm | payload / dense r | encode + receive throughput (GB/s of bf16 export) | sparse faster below | "
-           + " | ".join(f"T_sparse / T_dense at {g} Gbit/s" for g in GBITS) + " |", "|" + "---|" * (4 + len(GBITS))]
+           + " | ".join(("T_sparse / T_dense at " if i == 0 else "at ") + f"{g} Gbit/s" for i, g in enumerate(GBITS))
+           + " |", "|" + "---|" * (4 + len(GBITS))]
   for arm in runs:
     r, enc, rec = costs(runs, arm)
     throughput = 2 / (enc + rec)                       # bytes of dense export handled per second
@@ -133,10 +134,9 @@ def projection_lines(runs: dict) -> list:
     crossover = (1 - r) * throughput * 8 / 1e9
     lines.append(f"| {arm} | {r:.4f} | {throughput / 1e9:.3f} | {crossover:.3g} Gbit/s | "
                  + " | ".join(f"{x:.3g}" for x in ratio) + " |")
-  lines += ["", f"For a model of {BIG_N:.0e} elements (bf16: {2 * BIG_N / 1e9:.0f} GB dense), T_dense against "
-            "T_sparse with the CPU costs above and with transfer bytes only (encode and apply overlapped or free):", "",
-            "| arm | " + " | ".join(f"{g} Gbit/s: dense / sparse (CPU) / sparse (bytes only)" for g in GBITS) + " |",
-            "|" + "---|" * (1 + len(GBITS))]
+  lines += ["", f"For a model of {BIG_N:.0e} elements (bf16: {2 * BIG_N / 1e9:.0f} GB dense): dense / sparse with these "
+            "CPU costs / sparse with transfer bytes only (encode and apply overlapped or free):", "",
+            "| arm | " + " | ".join(f"{g} Gbit/s" for g in GBITS) + " |", "|" + "---|" * (1 + len(GBITS))]
   for arm in runs:
     r, enc, rec = costs(runs, arm)
     dense = 2 * BIG_N / bps
@@ -149,6 +149,14 @@ def _fmt(seconds: float) -> str:
   return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
+def _cell(key: str, value) -> str:
+  if key == "tensor":                     # a key path as written by jax.tree_util.keystr: ['final_norm']['scale']
+    return "`" + ".".join(part.strip("'") for part in value.strip("[]").split("][")) + "`"
+  if key == "next_sync_committed":
+    return f"{value:.1f}"
+  return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def fault_lines(root: str) -> list:
   path = os.path.join(root, "faults.json")
   if not os.path.exists(path):
@@ -156,7 +164,9 @@ def fault_lines(root: str) -> list:
   faults = driver.read_json(path)
   keys = ("tensor", "failed_acks", "detected", "committed", "baseline_kept", "bit_exact_after_fault",
           "bit_exact_after_resync", "next_sync_committed", "next_sync_bit_exact", "change_rate", "sparse_tensors")
-  lines = ["| arm | steps | fault | " + " | ".join(keys) + " |", "|" + "---|" * (3 + len(keys))]
+  lines = ["| arm | steps | fault | " + " | ".join(k.replace("bit_exact", "bit-exact").replace("_", " ") for k in keys)
+           + " |",
+           "|" + "---|" * (3 + len(keys))]
   for arm, result in faults.items():
     for fault in ("drop", "corrupt"):
       r = result[fault]
@@ -164,8 +174,8 @@ def fault_lines(root: str) -> list:
         lines.append(f"| {arm} | {result['steps']} | {fault} | skipped: {r['skipped']} (change rate "
                      f"{r['change_rate']:.4f}) |")
         continue
-      cells = " | ".join(f"{r[k]:.4f}" if isinstance(r[k], float) else str(r[k]) for k in keys)
-      lines.append(f"| {arm} | {result['steps']} | {fault} | {cells} |")
+      cells = " | ".join(_cell(k, r[k]) for k in keys)
+      lines.append(f"| {arm} | {result['steps'][0]} -> {result['steps'][1]} | {fault} | {cells} |")
   return lines
 
 
