@@ -7,11 +7,20 @@ meet without being right. With digits as the advice, piling it up is writing mor
 which is what breaks the answer: "42" meets the decision and 2 advice items, "42135" meets 5 advice items and
 no decision. Under HealthBench's additive score the pile wins once 3 * advice_points > decision_points; under
 ProRubric's gate (mode `gated`) advice pays only with the decision met. The completion budget (the RL stage's
-max_new_tokens) is what makes them compete for slots.
+max_new_tokens) is what makes them compete for slots. The verifier reads the leading integer, so "42 13" is
+right and still meets 4 advice items: padding after a right answer pays under both scores.
+
+The rubric also carries the released ProRubric protocol's grouping (mode `dimensions`, rlkit/rewards/rubric.py),
+which the other modes ignore: two dimensions, "answer" (the decision) with the failure clause "writes anything
+after the answer" (a regex on what follows the leading integer), and "advice" (every advice item: held only by
+a completion that mentions all of them, which 5 tokens cannot do with the ten digits). Its score is then
+1[right, nothing after] / (1 + 10 W): neither a pile nor padding pays.
 
 Evaluation adds the rubric's view of the greedy answers (`eval_counts`/`eval_metrics`, rlkit/train/evaluate.py):
-`eval/rubric/additive` (the proxy, HealthBench's per-example score, mean), `eval/rubric/gated` and
-`eval/rubric/advice_met` (advice items met per answer); `eval/accuracy` is the decision hit rate.
+`eval/rubric/additive` (the proxy, HealthBench's per-example score, mean), `eval/rubric/gated`,
+`eval/rubric/dimensions` (the released protocol's score), `eval/rubric/advice_met` (advice items met per answer),
+`eval/rubric/padded` (the failure clause fires: anything after the leading integer) and `eval/rubric/clean` (the
+answer dimension held: right with nothing after); `eval/accuracy` is the decision hit rate (the verifier's).
 """
 from __future__ import annotations
 
@@ -22,6 +31,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlkit.data.tasks import TASKS, Arithmetic, _require
+
+# The answer dimension's failure clause: something other than whitespace after the leading integer.
+PAST_ANSWER = {"criterion": "writes anything after the answer", "fails": "answer",
+               "check": {"kind": "regex", "pattern": r"^\s*-?\d+(?!\d)\s*\S"}}
 
 
 @TASKS.register("advice_arithmetic")
@@ -45,9 +58,10 @@ class AdviceArithmetic(Arithmetic):
 
   def rubric(self) -> list[dict]:
     decision = {"criterion": "the answer is the value", "points": self.decision_points, "critical": True,
-                "check": {"kind": "answer_correct"}}
-    return [decision] + [{"criterion": f"mentions {c}", "points": self.advice_points,
-                          "check": {"kind": "contains", "text": c}} for c in self.advice]
+                "dimension": "answer", "check": {"kind": "answer_correct"}}
+    advice = [{"criterion": f"mentions {c}", "points": self.advice_points, "dimension": "advice",
+               "check": {"kind": "contains", "text": c}} for c in self.advice]
+    return [decision] + advice + [PAST_ANSWER]
 
   def make_example(self, rng: np.random.Generator) -> dict[str, Any]:
     return {**super().make_example(rng), "rubric": self.rubric()}
@@ -55,20 +69,27 @@ class AdviceArithmetic(Arithmetic):
   def eval_counts(self, example: Mapping[str, Any], completion_text: str) -> dict[str, float]:
     """The rubric reward's own judging and aggregation (rlkit/rewards/rubric.py) of one greedy answer."""
     from rlkit.rewards.rubric import judge_rubric_row, jitted_aggregate
-    points, onehot, critical, checks = _packed(self)
+    points, onehot, critical, dims, checks = _packed(self)
     p = np.asarray(judge_rubric_row(self, checks, points.shape[1], completion_text, example["answer"]))[None]
-    scores = jitted_aggregate(p, points, onehot, critical, mode="gated")
-    return {"rubric/n": 1.0, "rubric/additive": float(scores["additive"][0]),
-            "rubric/gated": float(scores["reward"][0]), "rubric/advice_met": float(p[0, 1:].sum())}
+    gated = jitted_aggregate(p, points, onehot, critical, mode="gated")
+    released = jitted_aggregate(p, points, onehot, critical, mode="dimensions", dimensions=dims)
+    padded = float(p[0, -1] > 0.5)                      # the last item is the answer's failure clause
+    return {"rubric/n": 1.0, "rubric/additive": float(gated["additive"][0]), "rubric/gated": float(gated["reward"][0]),
+            "rubric/dimensions": float(released["reward"][0]), "rubric/advice_met": float(p[0, 1:-1].sum()),
+            "rubric/padded": padded, "rubric/clean": float(p[0, 0] > 0.5) * (1.0 - padded)}
 
   def eval_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
     n = max(totals["rubric/n"], 1.0)
-    return {k: totals[k] / n for k in ("rubric/additive", "rubric/gated", "rubric/advice_met")}
+    return {k: totals[k] / n for k in EVAL_METRICS}
+
+
+EVAL_METRICS = ("rubric/additive", "rubric/gated", "rubric/dimensions", "rubric/advice_met", "rubric/padded",
+                "rubric/clean")
 
 
 @functools.lru_cache(maxsize=16)
 def _packed(task: AdviceArithmetic):
   """The task's rubric, parsed and packed once (every example has the same one)."""
-  from rlkit.rewards.rubric import pack_rubrics, parse_rubric
+  from rlkit.rewards.rubric import pack_dimensions, pack_rubrics, parse_rubric
   rubric = parse_rubric(task.rubric(), f"task {task.name!r}")
-  return (*pack_rubrics([rubric])[:3], rubric.checks)
+  return (*pack_rubrics([rubric])[:3], pack_dimensions([rubric]), rubric.checks)

@@ -19,6 +19,11 @@ are the cases an outcome-only reward teaches a verifier to accept. Four subsets 
   len3    3-4    1-9           len5    5-6    1-49
   len4    4-5    1-19          len7    7-8    1-99      (every prompt stays under 64 characters)
 
+With `op="-"` the chains are running differences instead, "40-3=37-4=33>": the start is the operands' sum
+plus a number drawn as the start of a `+` chain, so every true result stays positive (the experiments' chains
+whose step labels the pretrained base never saw: experiments/tips). The default `+` chains draw exactly what
+they drew before the option existed.
+
 Prompts and verdicts use only characters of the char tokenizer's DEFAULT_ALPHABET. Real ProcessBench text does
 not (it needs an HF tokenizer), which `load_processbench` allows.
 """
@@ -159,44 +164,51 @@ class Difficulty(NamedTuple):
 
 SUBSETS = {"len3": Difficulty(3, 4, 9), "len4": Difficulty(4, 5, 19), "len5": Difficulty(5, 6, 49),
            "len7": Difficulty(7, 8, 99)}
-_STEP = re.compile(r"^(\d+)\+(\d+)=(\d+)$")
+_STEP = re.compile(r"^(\d+)([+-])(\d+)=(\d+)$")
+CHAIN_OPS = ("+", "-")      # running sums, running differences
 
 
-def make_chain(rng: np.random.Generator, subset: str, erroneous: bool, trap: bool, max_error: int) -> dict:
-  """One chain of `subset`: correct, with one injected error, or (trap) with a second, cancelling one."""
+def make_chain(rng: np.random.Generator, subset: str, erroneous: bool, trap: bool, max_error: int,
+               op: str = "+") -> dict:
+  """One chain of `subset` with operator `op`: correct, with one injected error, or (trap) with a second,
+  cancelling one."""
   difficulty = SUBSETS[subset]
   n_steps = int(rng.integers(difficulty.min_steps, difficulty.max_steps + 1))
   start = int(rng.integers(1, difficulty.max_operand + 1))
   operands = [int(b) for b in rng.integers(1, difficulty.max_operand + 1, size=n_steps)]
-  true_results = np.cumsum([start] + operands)[1:].tolist()
+  sign = 1
+  if op == "-":               # the same draws, so "+" chains are what they were; results stay >= 1
+    start, sign = start + sum(operands), -1
+  true_results = np.cumsum([start] + [sign * b for b in operands])[1:].tolist()
   offsets = [0] * n_steps             # written result - true result, per step
   first_error = NO_ERROR
   if erroneous:
     # A trap needs a later step to cancel the error on; the error may be negative only if results stay >= 0.
     first_error = int(rng.integers(0, n_steps - 1 if trap else n_steps))
     delta = int(rng.integers(1, max_error + 1))
-    if rng.random() < 0.5 and true_results[first_error] - delta >= 0:
+    # Every written result stays >= 0: the smallest true result from the error on (a running sum's: the first).
+    if rng.random() < 0.5 and min(true_results[first_error:]) - delta >= 0:
       delta = -delta
     fix = int(rng.integers(first_error + 1, n_steps)) if trap else n_steps
     offsets = [delta if first_error <= i < fix else 0 for i in range(n_steps)]
   written = [r + o for r, o in zip(true_results, offsets)]
-  steps = [f"{a}+{b}={c}" for a, b, c in zip([start] + written[:-1], operands, written)]
-  return {"prompt": str(start) + "".join(s[s.index("+"):] for s in steps) + ">",
+  steps = [f"{a}{op}{b}={c}" for a, b, c in zip([start] + written[:-1], operands, written)]
+  return {"prompt": str(start) + "".join(s[s.index(op):] for s in steps) + ">",     # a, b, c are >= 0
           "answer": format_answer(first_error, n_steps), "subset": subset, "steps": steps,
           "final_answer_correct": written[-1] == true_results[-1], "label": first_error,
           "trap": bool(erroneous and trap)}
 
 
 def step_verdicts(steps: list[str]) -> str:
-  """The true verdict of a chain: each step's own correctness, '+' where a + b = c, else '-'."""
+  """The true verdict of a chain: each step's own correctness, '+' where a + b = c (a - b = c), else '-'."""
   verdicts = []
   for step in steps:
     m = _STEP.match(step)
     if m is None:
-      raise ValueError(f"step_verdicts: {step!r} is not a running-sum step 'a+b=c'; only synthetic chains "
-                       "(synthetic_processbench, processbench_chains) have per-step labels.")
-    a, b, c = map(int, m.groups())
-    verdicts.append(STEP_OK if a + b == c else STEP_WRONG)
+      raise ValueError(f"step_verdicts: {step!r} is not a running-sum step 'a+b=c' (or 'a-b=c'); only synthetic "
+                       "chains (synthetic_processbench, processbench_chains) have per-step labels.")
+    a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+    verdicts.append(STEP_OK if (a + b if op == "+" else a - b) == c else STEP_WRONG)
   return "".join(verdicts)
 
 
@@ -298,13 +310,15 @@ class ProcessBenchChains(VerdictGrading):
   "+-+" (8+4 != 13). Graded by the exact ProcessBench match: the first '-' must be the label (-1: all '+').
 
   Each example draws its subset uniformly from `subsets`, is erroneous with probability `error_frac`, and an
-  erroneous one is a trap with probability `trap_frac`; injected errors are 1..max_error off.
+  erroneous one is a trap with probability `trap_frac`; injected errors are 1..max_error off. `op="-"`: running
+  differences, "40-3=37-4=33>" (module docstring).
   """
   subsets: tuple = tuple(SUBSETS)
   error_frac: float = 0.5
   trap_frac: float = 0.2
   max_error: int = 9
   sft_target: str = "steps"        # the demonstration: "steps" (every step's verdict) | "format" (all '+')
+  op: str = "+"                    # the chain's operator: "+" (running sums) | "-" (running differences)
   name: str = dataclasses.field(default="processbench_chains", init=False)
   # final_answer_correct: the tips_outcome reward; steps: the demonstration; subset: category; label: the metric.
   required_fields: tuple = dataclasses.field(default=("final_answer_correct", "label", "steps", "subset"),
@@ -317,6 +331,9 @@ class ProcessBenchChains(VerdictGrading):
                        f"{self.subsets!r}.")
     object.__setattr__(self, "subsets", subsets)
     _check_fracs(f"task {self.name!r}", self.error_frac, self.trap_frac, self.max_error)
+    if self.op not in CHAIN_OPS:
+      raise ValueError(f"task {self.name!r}: op must be one of {list(CHAIN_OPS)} (running sums or differences), "
+                       f"got {self.op!r}.")
     if self.sft_target not in ("steps", "format"):
       raise ValueError(f"task {self.name!r}: sft_target must be 'steps' (the step labels: supervised) or 'format' "
                        f"(all '+': the verdict format with no error information), got {self.sft_target!r}.")
@@ -325,7 +342,7 @@ class ProcessBenchChains(VerdictGrading):
     subset = self.subsets[int(rng.integers(len(self.subsets)))]
     erroneous = bool(rng.random() < self.error_frac)
     trap = erroneous and bool(rng.random() < self.trap_frac)
-    return make_chain(rng, subset, erroneous, trap, self.max_error)
+    return make_chain(rng, subset, erroneous, trap, self.max_error, self.op)
 
   def demonstration(self, example: Mapping[str, Any]) -> str:
     """sft_target "steps": every step's own verdict (a trap's cancelling step is '-' too), the supervised

@@ -1,4 +1,6 @@
-"""Confidence-calibrated truncated importance sampling (registry name `calibrated`; OUR DESIGN, methods/llm.md §9).
+"""Calibrated importance sampling: our confidence-calibrated TIS (registry name `calibrated`; OUR DESIGN,
+methods/llm.md §9) and the published rule (registry name `cis`; kzhao5/CIS-RL, methods/primary-sources.md),
+both in correction.py's registry beside token-TIS (`rollout_correction`).
 
 No peer implements this; it is rlkit's design, built from two pieces of prior art: Dynamic Vocabulary Pruning's
 bound that the sampler/trainer log-prob mismatch of a token scales like `(1 - p)` (vanishes for confident
@@ -36,6 +38,20 @@ batch estimate is `m = median_t r_t` over the batch's corrected tokens. Choices:
 State: {"sigma_ema": ema_n, "sigma_updates": n} (float32 scalars, checkpointed with the stage).
 
 Defaults (§9): tau_hi = 3, tau_lo = 6, eps = 0.02, max_masked_frac = 0.2, decay = 0.99.
+
+The published rule (`cis_weights`; the public code kzhao5/CIS-RL, `cis/operator.py` and its AReaL patch, read for
+its semantics). With k_t = p_t / q_t the trainer/sampler ratio of the sampled token and p_t = exp(old_logp) the
+trainer's probability of it (detached, as every weight here):
+
+  f_t = min(k_t, 1 + lambda * max(1 - p_t, kappa)),   defaults lambda = 2.3, kappa = 5e-3,
+
+replacing token-TIS's min(k_t, C): the cap tightens as the trainer grows confident (1 + lambda kappa = 1.0115 at
+p -> 1, 1 + lambda at p -> 0). Only the upper side is truncated and nothing is rejected (keep = the mask). With
+kappa <= 1 the cap is at most 1 + lambda, so f_t <= min(k_t, C) for any C >= 1 + lambda; lambda = 0 gives
+min(k_t, 1). Where ours calibrates a scale sigma from the batches and rejects, this rule is stateless and
+scales its cap with the trainer's p (ours: the sampler's p). As the public code, a token whose log ratio is not
+finite weighs 1; unlike it, the log ratio is clamped to [-20, 20] before the exp (every correction here does),
+which changes a weight only below e^-20.
 """
 from __future__ import annotations
 
@@ -100,3 +116,16 @@ def update_state(state: dict, median: jax.Array, has_any: jax.Array, decay: floa
   n = jnp.asarray(state["sigma_updates"], jnp.float32)
   return {"sigma_ema": jnp.where(has_any, decay * ema + (1.0 - decay) * median, ema),
           "sigma_updates": jnp.where(has_any, n + 1.0, n)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The published rule (registry name `cis`)
+
+def cis_weights(log_ratio, train_logp, mask, *, lam, kappa):
+  """The published rule's weights (module docstring), `[N, R]` each: (f float32, 1 off `mask`; truncated bool,
+  where the cap bound). `log_ratio` is trainer minus sampler log-probs, `train_logp` the trainer's."""
+  lr = jnp.where(mask & jnp.isfinite(log_ratio), log_ratio, 0.0)
+  p = jnp.clip(jnp.exp(train_logp.astype(jnp.float32)), 0.0, 1.0)
+  cap = 1.0 + lam * jnp.maximum(1.0 - p, kappa)
+  k = jnp.exp(jnp.clip(lr, -SAFETY_BOUND, SAFETY_BOUND))
+  return jnp.where(mask, jnp.minimum(k, cap), 1.0), mask & (k > cap)

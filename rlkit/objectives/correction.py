@@ -20,13 +20,16 @@ pieces and metrics are in correction_metrics.py.
                       (rollout_correction with a "lower_upper" threshold) gives them weight 0 but keeps them in
                       the denominator, and adds sequence level and batch normalisation.
   calibrated          OUR DESIGN (methods/llm.md §9), see calibrated_is.py.
+  cis                 the published calibrated-IS rule (kzhao5/CIS-RL; methods/primary-sources.md), see
+                      calibrated_is.py: f = min(rho, 1 + cis_lambda * max(1 - p, cis_kappa)) with p the trainer's
+                      probability of the token; truncates only, rejects nothing.
 
 Metrics (prefix `rollout_corr/`): correction_metrics.py for the shared ones, rollout_correction.py for verl's;
-icepop and calibrated log rollout_is_mean / _max / _min of their applied weights (0 on rejected tokens) and the
-generic ESS over the kept tokens, and rollout_is_ratio_fraction_high / _low = fraction of T with rho > beta,
-rho < alpha (icepop) or truncated, token-rejected (calibrated). Calibrated also logs sigma (used for this batch),
-sigma_batch (this batch's median), calibrated_seq_rejected_fraction (rows) and calibrated_weight_bias =
-mean_kept |w - rho| (§9).
+icepop, calibrated and cis log rollout_is_mean / _max / _min of their applied weights (0 on rejected tokens) and
+the generic ESS over the kept tokens, and rollout_is_ratio_fraction_high / _low = fraction of T with rho > beta,
+rho < alpha (icepop) or truncated, token-rejected (calibrated); cis logs _high only (truncated). Calibrated also
+logs sigma (used for this batch), sigma_batch (this batch's median), calibrated_seq_rejected_fraction (rows) and
+calibrated_weight_bias = mean_kept |w - rho| (§9).
 """
 from __future__ import annotations
 
@@ -49,8 +52,8 @@ from rlkit.objectives.rollout_correction import parse_rollout_is_threshold, pars
 from rlkit.objectives.rollout_correction import rollout_correction_weights
 
 __all__ = ["CORRECTIONS", "CorrectionOutput", "CorrectionSpec", "IS_LEVELS", "K1_BOUNDS", "PREFIX", "RS_ALIASES",
-           "RS_OPTIONS", "SAFETY_BOUND", "calibrated_correction", "check", "correction_defaults", "icepop_weights",
-           "parse_rollout_is_threshold", "parse_rollout_rs", "rollout_correction_weights"]
+           "RS_OPTIONS", "SAFETY_BOUND", "calibrated_correction", "check", "cis_correction", "correction_defaults",
+           "icepop_weights", "parse_rollout_is_threshold", "parse_rollout_rs", "rollout_correction_weights"]
 
 
 class CorrectionOutput(NamedTuple):
@@ -71,7 +74,7 @@ CORRECTIONS: Registry[CorrectionSpec] = Registry("correction")
 def correction_defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "none"               # sampler -> trainer correction (registry CORRECTIONS): none | rollout_correction
-                                # | icepop | calibrated; fields of the others are ignored
+                                # | icepop | calibrated | cis; fields of the others are ignored
   c.rollout_is = ""             # rollout_correction IS weights (verl 0.9.1): "" off | token | sequence
   c.rollout_is_threshold = "2.0"   # rollout_correction: verl 0.9.1's spec, "upper" truncates the IS weights
                                 # (TIS; verl's default 2.0) or "lower_upper" zeroes the weights outside the window
@@ -96,6 +99,8 @@ def correction_defaults() -> ml_collections.ConfigDict:
   c.calibrated_max_masked_frac = 0.2     # calibrated: reject a sequence with more than this fraction rejected
   c.calibrated_sigma_decay = 0.99        # calibrated: decay of the (debiased) EMA of the batch's median mismatch
   c.calibrated_sigma_init = 0.1          # calibrated: sigma for the first batch, before any calibration
+  c.cis_lambda = 2.3            # cis: cap 1 + lambda * max(1 - p, kappa) on the ratio (the published default)
+  c.cis_kappa = 5e-3            # cis: floor of 1 - p in the cap, in [0, 1] (the published default)
   return c
 
 
@@ -120,6 +125,8 @@ def check(cfg, where: str = "correction") -> None:
   need(0 <= cfg.calibrated_max_masked_frac <= 1, "calibrated_max_masked_frac", "must be in [0, 1]")
   need(0 <= cfg.calibrated_sigma_decay < 1, "calibrated_sigma_decay", "must be in [0, 1)")
   need(cfg.calibrated_sigma_init >= 0, "calibrated_sigma_init", "must be >= 0")
+  need(cfg.cis_lambda >= 0, "cis_lambda", "must be >= 0 (the published default is 2.3)")
+  need(0 <= cfg.cis_kappa <= 1, "cis_kappa", "must be in [0, 1] (the published default is 5e-3)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -190,6 +197,25 @@ def _calibrated_apply(batch: TrainBatch, cfg, state: dict) -> CorrectionOutput:
   return CorrectionOutput(weights, keep, to_python(metrics), new_state)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# cis (the published rule, calibrated_is.py)
+
+@partial(jax.jit, static_argnames=("lam", "kappa"))
+def cis_correction(old_logp, rollout_logp, loss_mask, row_source, *, lam=2.3, kappa=5e-3):
+  """The published calibrated-IS rule on the policy tokens: (weights, keep, metrics); keeps every token."""
+  mask, old, rollout, lr = corrected_inputs(old_logp, rollout_logp, loss_mask, row_source)
+  w, truncated = calibrated_is.cis_weights(lr, old, mask, lam=lam, kappa=kappa)
+  metrics = {**mismatch_diagnostics(old, rollout, lr, mask), **weight_stats(w, mask),
+             "rollout_is_ratio_fraction_high": masked_mean(truncated, mask)}
+  return finish(w, mask, mask, loss_mask, metrics)
+
+
+def _cis_apply(batch: TrainBatch, cfg, state: dict) -> CorrectionOutput:
+  weights, keep, metrics = cis_correction(batch.old_logp, batch.rollout_logp, batch.loss_mask, batch.row_source,
+                                          lam=float(cfg.cis_lambda), kappa=float(cfg.cis_kappa))
+  return CorrectionOutput(weights, keep, to_python(metrics), state)
+
+
 def _none_apply(batch: TrainBatch, cfg, state: dict) -> CorrectionOutput:
   del cfg
   return CorrectionOutput(jnp.ones(batch.loss_mask.shape, jnp.float32), batch.loss_mask, {}, state)
@@ -204,6 +230,7 @@ CORRECTIONS.add("none", CorrectionSpec(_none_apply, _stateless))
 CORRECTIONS.add("rollout_correction", CorrectionSpec(_rollout_correction_apply, _stateless))
 CORRECTIONS.add("icepop", CorrectionSpec(_icepop_apply, _stateless))
 CORRECTIONS.add("calibrated", CorrectionSpec(_calibrated_apply, lambda cfg: calibrated_is.init_state()))
+CORRECTIONS.add("cis", CorrectionSpec(_cis_apply, _stateless))
 
 RL_SECTIONS.add("correction", Section(correction_defaults, lambda stage, name: check(stage.correction,
                                                                                     f"{name}.correction"),

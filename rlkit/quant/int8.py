@@ -72,7 +72,7 @@ def _carried_scale_shape(shape: tuple, scale: tuple, new: tuple) -> Optional[tup
 @flax.struct.dataclass
 class ChannelScaledWeight(QuantizedWeight):
   """codes · scale, the scale broadcast over the contracted axes (module docstring)."""
-  codes: Array             # the kernel's shape, integer
+  codes: Array             # the kernel's shape, int8 (or float8_e4m3fn: rlkit/quant/fp8.py)
   scale: Array             # float32, the kernel's rank: 1 on contracted axes, the channel's size elsewhere
   compute: str = flax.struct.field(pytree_node=False, default="float32")   # the dtype it presents
 
@@ -113,11 +113,17 @@ class ChannelScaledWeight(QuantizedWeight):
     return y * s.reshape([y.shape[k] if c in channels else 1 for k, c in enumerate(ys)])
 
 
+def channel_scale(w32: Array, in_axes: int, code_max: float) -> Array:
+  """Per-output-channel scale `max_i |W_io| / code_max` (1 for an all-zero channel), float32, with W's rank
+  (size 1 on the `in_axes` contracted axes): a channel's largest weight maps to the code `code_max`."""
+  amax = jnp.max(jnp.abs(w32), axis=tuple(range(in_axes)), keepdims=True)
+  return jnp.where(amax > 0, amax / code_max, 1.0).astype(jnp.float32)
+
+
 def quantize_int8(w: Array, in_axes: int, dtype: str = "") -> ChannelScaledWeight:
   """W (its leading `in_axes` axes contracted) as int8 codes and per-channel scales (module docstring),
   presenting `dtype` ('' : W's own)."""
   w32 = w.astype(jnp.float32)
-  amax = jnp.max(jnp.abs(w32), axis=tuple(range(in_axes)), keepdims=True)
-  scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0).astype(jnp.float32)
+  scale = channel_scale(w32, in_axes, INT8_MAX)
   codes = jnp.clip(jnp.round(w32 / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8)
   return ChannelScaledWeight(codes, scale, jnp.dtype(dtype or w.dtype).name)

@@ -13,6 +13,8 @@ Entries (ours):
   int8  weight-only int8, symmetric, one float32 scale per output channel (rlkit/quant/int8.py); the
         sampler's weight matmul multiplies the codes and scales the result (the hook in
         rlkit/models/matmul.py). The sampler still computes in sync.dtype (W8A16 with the default).
+  fp8   weight-only float8_e4m3fn codes, one float32 scale per output channel (rlkit/quant/fp8.py), in the
+        int8 format's container and matmul: an fp8-rounded copy that computes in sync.dtype.
 
 Matmul kernels (`kernel_inputs`): the projections of `rlkit.models.lora.VIEWS` (attn qkv, o; mlp gate_up,
 down; their leading axes are the inputs) and an untied `lm_head` [D, V]. Not quantized: norms, biases, the
@@ -20,10 +22,11 @@ embedding (a gather, and a tied LM head), LoRA adapters (unmerged sampling), the
 grouped matmul, `lax.ragged_dot` in rlkit/models/transformer.py, has no hook yet; TRACE quantizes the
 experts, which needs one, and keeps routers in bf16).
 
-A quantized kernel is a `QuantizedWeight` pytree, so the export has more leaves than the master (int8 codes,
-float32 scales); every sync backend sends them like any other leaf (sparse_delta: the bits that changed,
-a code flip or a scale's last bits; tests/quant/test_quantizers.py syncs int8 both ways). `export_shardings`
-lays them out: each part of a kernel takes the kernel's sharding, with the dims it cannot split replicated.
+A quantized kernel is a `QuantizedWeight` pytree, so the export has more leaves than the master (int8 or
+float8_e4m3fn codes, float32 scales); every sync backend sends them like any other leaf (sparse_delta: the bits
+that changed, a code flip or a scale's last bits; tests/quant/test_quantizers.py syncs int8 both ways and fp8
+sparsely). `export_shardings` lays them out: each part of a kernel takes the kernel's sharding, with the dims
+it cannot split replicated.
 
 A new format (FP4): a QuantizedWeight subclass with its `matmul`, and `QUANTIZERS.add(name, Quantizer(...))`.
 """
@@ -39,6 +42,7 @@ from rlkit.core.registry import Registry
 from rlkit.models.lora import VIEWS
 from rlkit.models.matmul import QuantizedWeight
 from rlkit.parallel.rules import fit_spec, path_str
+from rlkit.quant.fp8 import quantize_fp8
 from rlkit.quant.int8 import quantize_int8
 
 Array = jax.Array
@@ -54,6 +58,7 @@ QUANTIZERS: Registry[Quantizer] = Registry("quantizer")
 QUANTIZERS.add("none", Quantizer(None))
 QUANTIZERS.add("bf16", Quantizer(lambda w, in_axes, dtype: w.astype(jnp.bfloat16)))
 QUANTIZERS.add("int8", Quantizer(quantize_int8))
+QUANTIZERS.add("fp8", Quantizer(quantize_fp8))
 
 
 def kernel_inputs(path) -> int:

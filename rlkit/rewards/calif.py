@@ -20,11 +20,13 @@ example carries that prompt as its field `base_prompt` ("12+30=" for "12+30= [in
 one of those are not length-anchored.
 
 Rewards (registry `REWARDS`, rlkit/rewards/verifier.py), the arms of the spec's experiment:
-  constraints   r = r_c                                  (a) the constraint-only baseline
-  calif         r = r_c * a_task**alpha * a_len**beta    (b) CALIF
+  constraints             r = r_c                                  (a) the constraint-only baseline
+  calif                   r = r_c * a_task**alpha * a_len**beta    (b) CALIF
+  constraints_plus_task   r = r_c + task_weight * a_task           the additive control: the same verifier
+                                                                   added, not multiplied (GR3's contrast)
 Arm (c), constraint + KL to the reference, is `constraints` with the trainer's `rl.kl_beta > 0`: no code here.
 `correct` is the task verifier accepting AND every constraint holding (the instruction was followed and the
-task done), for both. Components: `satisfaction` (r_c), `task` (a_task), `length_anchor` (a_len before the
+task done), for all three. Components: `satisfaction` (r_c), `task` (a_task), `length_anchor` (a_len before the
 power; 1 where it does not apply or `ref_len` is absent, which only `calif` with beta > 0 refuses) and
 `content_length`. A row whose host code raises or hangs gets `failure_reward`, components 0, and is counted.
 
@@ -319,7 +321,9 @@ def reference_lengths_from(model, max_new_tokens: int) -> Callable[[RewardBatch,
 
 def _make_constraint_reward(reward: str, task, executor: VerifierExecutor, *, field: str, all_of: bool,
                             failure_reward: float, rho: float, alpha: float, beta: float,
-                            ref_len_required: bool, reference=None) -> RewardFn:
+                            ref_len_required: bool, reference=None, task_weight: float = 0.0) -> RewardFn:
+  """The shared body of the constraint rewards: `calif_reward`'s product, plus `task_weight * a_task` (only the
+  additive control sets it, with alpha = beta = 0)."""
   if not isinstance(field, str) or not field:
     raise ValueError(f"reward {reward!r}: field must be a non-empty string, got {field!r}.")
   if not isinstance(all_of, bool):
@@ -350,7 +354,7 @@ def _make_constraint_reward(reward: str, task, executor: VerifierExecutor, *, fi
     ok = ~out.failed
     components = {name: np.where(ok, parts[name], 0.0) for name in ("satisfaction", "task", "length_anchor")}
     components["content_length"] = np.where(ok, out.values[:, 1], 0.0)
-    rewards = np.where(ok, parts["reward"], failure_reward)
+    rewards = np.where(ok, parts["reward"] + task_weight * parts["task"], failure_reward)
     return RewardOutput(rewards=rewards, correct=correct, components=components, failures=out.failures)
   return reward_fn
 
@@ -363,6 +367,21 @@ def make_constraints(task, executor: VerifierExecutor, *, field: str = "constrai
   return _make_constraint_reward("constraints", task, executor, field=field, all_of=all_of,
                                  failure_reward=failure_reward, rho=DEFAULT_RHO, alpha=0.0, beta=0.0,
                                  ref_len_required=False)
+
+
+@register_reward("constraints_plus_task")
+def make_constraints_plus_task(task, executor: VerifierExecutor, *, field: str = "constraints", all_of: bool = False,
+                               task_weight: float = 1.0, failure_reward: float = 0.0) -> RewardFn:
+  """r = r_c + task_weight * a_task: the additive control of CALIF's product (the task's verifier added, not
+  multiplied), so dropping the task still earns r_c and following the instruction alone still earns a_task.
+  Components as `calif`'s (the length anchor is logged where examples carry `ref_len`, never applied)."""
+  task_weight = check_float("constraints_plus_task", "task_weight", task_weight)
+  if task_weight <= 0:
+    raise ValueError(f"reward 'constraints_plus_task': task_weight must be > 0 (0 is the reward 'constraints'), "
+                     f"got {task_weight!r}.")
+  return _make_constraint_reward("constraints_plus_task", task, executor, field=field, all_of=all_of,
+                                 failure_reward=failure_reward, rho=DEFAULT_RHO, alpha=0.0, beta=0.0,
+                                 ref_len_required=False, task_weight=task_weight)
 
 
 @register_reward("calif", role_kwargs=("reference_role",))

@@ -17,15 +17,30 @@ additive), `grouped` (gate ≡ 1), `gated` (singleton groups), `gated_grouped` (
 number is the mean of the per-example scores clipped to [0, 1] (`healthbench_score`; simple-evals
 healthbench_eval.py, `calculate_score` and `_compute_clipped_stats`).
 
+Mode `dimensions` is ProRubric's *released* protocol (Estrellajer/ProRubric; ../shared/methods/primary-sources.md),
+beside our design, not part of it: the checklist is grouped offline into dimensions d (2-5 in the release), each
+with an optional failure clause c_d (a check that, when it fires, zeroes the dimension). A dimension scores only
+if all of its criteria hold and its clause does not fire; its weight is the sum of its criteria's points:
+
+  held_d    = Π_{k∈d} p_k · (1 - p_{c_d})                all-or-nothing for 0/1 judgments (soft AND otherwise)
+  reward    = Σ_d W_d held_d / Σ_d W_d,  W_d = Σ_{k∈d} w_k   the weighted share of dimensions held
+
+No critical gate and no penalty items: the protocol as we read it has neither (its way to zero a dimension is the
+clause), so a rubric scored by this mode may not hold a penalty.
+
 Rubric format, one list per example in an extra field (default "rubric"), each item a dict:
 
   {"criterion": "states the sum", "points": 3, "group": "answer", "critical": true,
    "check": {"kind": "answer_correct"}}
 
 `group` (str or int) is optional: an item without one is its own group. `critical` defaults to false; a
-penalty cannot be critical. `check.kind` names an item judge in `ITEM_JUDGES` (exact checkers for synthetic
-tasks: contains, not_contains, regex, answer_correct), the other keys of `check` are its parameters. `tags`
-(HealthBench's) is accepted and ignored. `parse_rubric` refuses anything else, naming the example and item.
+penalty cannot be critical. `dimension` (str or int) is the item's dimension for mode `dimensions`; once one item
+has one, every positive item needs one (a penalty none). A failure clause is an item without points that names
+the dimension it fails: {"criterion": "writes past the answer", "fails": "answer", "check": {...}}; at most one
+per dimension, and the other modes ignore it (0 points). `check.kind` names an item judge in `ITEM_JUDGES`
+(rlkit/rewards/rubric_judges.py: contains, not_contains, regex, answer_correct, lm), the other keys of `check` are
+its parameters. `tags` (HealthBench's) is accepted and ignored. `parse_rubric` refuses anything else, naming the
+example and item.
 
 The registered reward "rubric" judges every item of every row in the executor's worker (judges run on model
 output: a regex can backtrack for ever), aggregates with `aggregate`, and returns rewards = reward, components
@@ -39,8 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,73 +64,10 @@ from rlkit.core.registry import Registry
 from rlkit.rewards.batch import RewardBatch, RewardOutput
 from rlkit.rewards.executor import VerifierExecutor
 from rlkit.rewards.lm_judge import DEFAULT_TEMPLATE, LMJudge
+from rlkit.rewards.rubric_judges import ITEM_JUDGES
 from rlkit.rewards.verifier import RewardFn, check_float, register_reward
 
 MET = 0.5                   # a judgment above this counts as met (for `correct`); exact judges give 0 or 1
-
-
-# ----------------------------------------------------------------------------------------------- item judges
-
-class ItemJudge(NamedTuple):
-  """An item checker `judge(task, completion, answer, params) -> float in [0, 1]` and the `check` parameters
-  it takes (name -> type). `validate(params)` returns a problem with valid-typed params, or None."""
-  judge: Callable[[Any, str, str, Mapping[str, Any]], float]
-  required: Mapping[str, type]
-  optional: Mapping[str, type]
-  validate: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
-  in_process: bool = False    # judged by a model in the trainer process (kind "lm"), not in the worker
-
-
-ITEM_JUDGES: Registry[ItemJudge] = Registry("rubric item judge")
-
-
-def register_item_judge(name: str, *, required: Optional[Mapping[str, type]] = None,
-                        optional: Optional[Mapping[str, type]] = None, validate=None, in_process: bool = False):
-  """Registers a module-level judge function as check kind `name` (module-level, so the worker can import it)."""
-  def decorator(judge):
-    ITEM_JUDGES.add(name, ItemJudge(judge, dict(required or {}), dict(optional or {}), validate, in_process))
-    return judge
-  return decorator
-
-
-def _fold(text: str, params: Mapping[str, Any]) -> str:
-  return text if params.get("case_sensitive", True) else text.casefold()
-
-
-@register_item_judge("contains", required={"text": str}, optional={"case_sensitive": bool})
-def judge_contains(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
-  return float(_fold(params["text"], params) in _fold(completion, params))
-
-
-@register_item_judge("not_contains", required={"text": str}, optional={"case_sensitive": bool})
-def judge_not_contains(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
-  return 1.0 - judge_contains(task, completion, answer, params)
-
-
-def _pattern_problem(params: Mapping[str, Any]) -> Optional[str]:
-  try:
-    re.compile(params["pattern"])
-  except re.error as e:
-    return f"check.pattern {params['pattern']!r} is not a valid regular expression ({e})"
-  return None
-
-
-@register_item_judge("regex", required={"pattern": str}, validate=_pattern_problem)
-def judge_regex(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
-  return float(re.search(params["pattern"], completion) is not None)
-
-
-@register_item_judge("answer_correct")
-def judge_answer_correct(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
-  """The task's verifier accepts the completion (its score above 0.5, as in the "verifier" reward)."""
-  return float(task.verify(completion, answer) > 0.5)
-
-
-@register_item_judge("lm", optional={"question": str}, in_process=True)
-def judge_lm(task, completion: str, answer: str, params: Mapping[str, Any]) -> float:
-  """A model's yes/no judgment (rlkit/rewards/lm_judge.py), asked `question` (default: the criterion). The
-  rubric reward runs it in the trainer process with the model of its `judge_role`; never called in the worker."""
-  raise RuntimeError("rubric item kind 'lm' is judged by the rubric reward's judge model, not by this function.")
 
 
 # ----------------------------------------------------------------------------------------------- rubric format
@@ -129,19 +80,26 @@ class ItemCheck(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Rubric:
-  """One example's parsed rubric: K items, groups numbered 0..M-1 in order of first appearance."""
+  """One example's parsed rubric: K items, groups numbered 0..M-1 in order of first appearance, and (ProRubric's
+  released protocol) dimensions numbered 0..D-1 likewise: `dimensions[k]` is criterion k's, `failure_of[k]` the
+  dimension whose failure clause item k is (-1: none). A failure clause has 0 points, so only mode
+  `dimensions` reads it."""
   criteria: tuple[str, ...]
   points: tuple[float, ...]
   groups: tuple[int, ...]
   critical: tuple[bool, ...]
   checks: tuple[ItemCheck, ...]
+  dimensions: tuple[int, ...] = ()
+  failure_of: tuple[int, ...] = ()
+  dimension_names: tuple[Any, ...] = ()
 
   @property
   def num_groups(self) -> int:
     return max(self.groups) + 1
 
 
-_ITEM_KEYS = ("criterion", "points", "group", "critical", "check", "tags")
+_ITEM_KEYS = ("criterion", "points", "group", "critical", "check", "tags", "dimension")
+_CLAUSE_KEYS = ("criterion", "fails", "check", "tags")
 
 
 def _parse_check(check, fail) -> ItemCheck:
@@ -169,12 +127,19 @@ def _parse_check(check, fail) -> ItemCheck:
   return ItemCheck(kind, spec.judge, params)
 
 
+def _name(value, key: str, fail, fix: str):
+  """A group or dimension name: a string or an int (bool refused)."""
+  if isinstance(value, bool) or not isinstance(value, (str, int)):
+    fail(f"{key!r} is {value!r}", fix)
+  return value
+
+
 def parse_rubric(items, where: str) -> Rubric:
   """Validates a rubric (the format in the module docstring). A ValueError names `where` (the example), the
   item index, the bad field and the fix."""
   if not isinstance(items, (list, tuple)) or not items:
     raise ValueError(f"{where}: the rubric must be a non-empty list of items, got {items!r:.80}.")
-  criteria, points, groups, critical, checks = [], [], [], [], []
+  criteria, points, groups, critical, checks, dimension_of, clause_of = [], [], [], [], [], [], []
   group_index: dict[Any, int] = {}
   for k, item in enumerate(items):
     def fail(problem: str, fix: str):
@@ -182,36 +147,79 @@ def parse_rubric(items, where: str) -> Rubric:
 
     if not isinstance(item, Mapping):
       fail(f"expected a dict, got {type(item).__name__}", "give each item criterion, points and check")
-    unknown = sorted(set(item) - set(_ITEM_KEYS))
+    clause = "fails" in item
+    keys = _CLAUSE_KEYS if clause else _ITEM_KEYS
+    unknown = sorted(set(item) - set(keys))
     if unknown:
-      fail(f"unknown field(s) {unknown}", f"use only {list(_ITEM_KEYS)}")
-    for key in ("criterion", "points", "check"):
+      fail(f"unknown field(s) {unknown}" + (" in a failure clause" if clause else ""), f"use only {list(keys)}"
+           + (" (a clause scores nothing itself: it zeroes the dimension it names)" if clause else ""))
+    for key in ("criterion", "check") if clause else ("criterion", "points", "check"):
       if key not in item:
         fail(f"{key!r} is missing", f"give every item {key!r} (format: rlkit/rewards/rubric.py)")
-    criterion, w = item["criterion"], item["points"]
+    criterion, w = item["criterion"], item.get("points", 0.0)
     if not isinstance(criterion, str) or not criterion.strip():
       fail(f"'criterion' is {criterion!r}", "give a non-empty string saying what the item checks")
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w == 0:
+    if not clause and (isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w == 0):
       fail(f"'points' is {w!r}", "give a finite non-zero number (negative for a penalty)")
     group = item.get("group")
     if group is None:
       group = ("ungrouped", k)        # a key no str or int group can equal: its own singleton group
-    elif isinstance(group, bool) or not isinstance(group, (str, int)):
-      fail(f"'group' is {group!r}", "give a string or an int, or leave it out for a group of one")
+    else:
+      _name(group, "group", fail, "give a string or an int, or leave it out for a group of one")
     is_critical = item.get("critical", False)
     if not isinstance(is_critical, bool):
       fail(f"'critical' is {is_critical!r}", "give true or false")
     if is_critical and w < 0:
       fail(f"a penalty ({w} points) is marked critical", "drop 'critical' (penalties are never gated)")
+    dimension = item.get("dimension")
+    if dimension is not None:
+      _name(dimension, "dimension", fail, "give a string or an int")
+      if w < 0:
+        fail(f"a penalty ({w} points) has a dimension", "drop 'dimension': a dimension holds criteria; the "
+             "released protocol's way to penalise is a failure clause, an item {\"fails\": <dimension>, ...}")
+    fails = _name(item["fails"], "fails", fail, "name the dimension the clause fails") if clause else None
     checks.append(_parse_check(item["check"], fail))
     criteria.append(criterion)
     points.append(float(w))
     groups.append(group_index.setdefault(group, len(group_index)))
     critical.append(is_critical)
+    dimension_of.append(dimension)
+    clause_of.append(fails)
   if not any(w > 0 for w in points):
     raise ValueError(f"{where}: the rubric has no item with positive points, so no score can be normalised; "
                      "add at least one positive item.")
-  return Rubric(tuple(criteria), tuple(points), tuple(groups), tuple(critical), tuple(checks))
+  names, dimensions, failure_of = _dimensions(dimension_of, clause_of, points, where)
+  return Rubric(tuple(criteria), tuple(points), tuple(groups), tuple(critical), tuple(checks), dimensions,
+                failure_of, names)
+
+
+def _dimensions(dimension_of: list, clause_of: list, points: list, where: str):
+  """(names, each item's dimension index, each item's clause target index; -1 for none) from the items' raw
+  `dimension` / `fails` values. Dimensions are all or nothing: once any item has one, every positive item
+  needs one, and each clause must name a dimension that holds criteria, one clause per dimension."""
+  k = len(points)
+  if all(d is None for d in dimension_of) and all(f is None for f in clause_of):
+    return (), (-1,) * k, (-1,) * k
+  names = tuple(dict.fromkeys(d for d in dimension_of if d is not None))
+  loose = [j for j in range(k) if points[j] > 0 and dimension_of[j] is None]
+  if loose:
+    raise ValueError(f"{where}: rubric item(s) {loose} have no 'dimension' while the rubric has "
+                     f"{'dimensions ' + str(list(names)) if names else 'failure clauses'}; give every positive "
+                     "item a dimension (the released ProRubric protocol groups the whole checklist), or none.")
+  seen: dict[Any, int] = {}
+  for j, target in enumerate(clause_of):
+    if target is None:
+      continue
+    if target not in names:
+      raise ValueError(f"{where}, rubric item {j}: a failure clause of dimension {target!r}, which holds no "
+                       f"criterion; name one of {list(names)}.")
+    if target in seen:
+      raise ValueError(f"{where}, rubric item {j}: dimension {target!r} already has a failure clause (item "
+                       f"{seen[target]}); merge the two into one check (e.g. a regex alternation).")
+    seen[target] = j
+  index = {name: i for i, name in enumerate(names)}
+  return (names, tuple(-1 if d is None else index[d] for d in dimension_of),
+          tuple(-1 if f is None else index[f] for f in clause_of))
 
 
 def pack_rubrics(rubrics: Sequence[Rubric]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -233,11 +241,41 @@ def pack_rubrics(rubrics: Sequence[Rubric]) -> tuple[np.ndarray, np.ndarray, np.
   return points, onehot, critical, valid
 
 
+def pack_dimensions(rubrics: Sequence[Rubric]) -> tuple[np.ndarray, np.ndarray]:
+  """(dimension_onehot [N,K,D], clause_onehot [N,K,D]) float32: item k of row i is a criterion of dimension d /
+  its failure clause. A rubric without dimensions (or padding) has zero rows: `require_dimensions` first."""
+  n = len(rubrics)
+  k_max = max((len(r.points) for r in rubrics), default=0)
+  d_max = max((len(r.dimension_names) for r in rubrics), default=0)
+  member = np.zeros((n, k_max, d_max), np.float32)
+  clause = np.zeros((n, k_max, d_max), np.float32)
+  for i, r in enumerate(rubrics):
+    for k, (d, f) in enumerate(zip(r.dimensions, r.failure_of)):
+      if d >= 0:
+        member[i, k, d] = 1.0
+      if f >= 0:
+        clause[i, k, f] = 1.0
+  return member, clause
+
+
+def require_dimensions(rubric: Rubric, where: str) -> None:
+  """What mode `dimensions` needs of a rubric: dimensions, and no penalty (the protocol has none)."""
+  if not rubric.dimension_names:
+    raise ValueError(f"{where}: mode 'dimensions' (ProRubric's released protocol) scores dimensions, and this "
+                     "rubric has none; give every positive item a 'dimension' (2-5 of them in the protocol).")
+  penalties = [k for k, w in enumerate(rubric.points) if w < 0]
+  if penalties:
+    raise ValueError(f"{where}: mode 'dimensions' (ProRubric's released protocol) has no penalties, and rubric "
+                     f"item(s) {penalties} are; express each as a failure clause of the dimension it should "
+                     "zero, or score this rubric with another mode.")
+
+
 # ----------------------------------------------------------------------------------------------- aggregation
 
 class AggregationMode(NamedTuple):
   grouped: bool     # soft AND over each group's positive items (else each item is its own group)
   gated: bool       # gain multiplied by the softened critical gate (else gate ≡ 1)
+  dimensions: bool = False   # ProRubric's released protocol: the gain is the weighted share of dimensions held
 
 
 MODES: Registry[AggregationMode] = Registry("rubric aggregation mode")
@@ -245,6 +283,7 @@ MODES.add("additive", AggregationMode(grouped=False, gated=False))
 MODES.add("grouped", AggregationMode(grouped=True, gated=False))
 MODES.add("gated", AggregationMode(grouped=False, gated=True))
 MODES.add("gated_grouped", AggregationMode(grouped=True, gated=True))
+MODES.add("dimensions", AggregationMode(grouped=False, gated=False, dimensions=True))
 
 
 def _soft_and(p, membership, eps: float):
@@ -257,11 +296,13 @@ def _soft_and(p, membership, eps: float):
 
 
 def aggregate(p, points, group_onehot, critical, *, mode: str = "gated_grouped", gate_floor=0.0,
-              eps: float = 1e-6) -> dict[str, jnp.ndarray]:
+              eps: float = 1e-6, dimensions=None) -> dict[str, jnp.ndarray]:
   """Rubric scores of N rows from item judgments p [N,K] in [0,1] (the module docstring's maths).
 
-  Pure jnp, no loop over items; jit with `mode` (and `eps`) static, `gate_floor` may be traced. Returns [N]
-  arrays: reward, gain (ungated), penalty (<= 0), gate, additive (HealthBench's score, in every mode).
+  Pure jnp, no loop over items; jit with `mode` (and `eps`) static, `gate_floor` may be traced. Mode
+  `dimensions` also needs `dimensions` = (dimension_onehot, clause_onehot) [N,K,D] (`pack_dimensions`); the
+  other modes ignore it. Returns [N] arrays: reward, gain (ungated), penalty (<= 0), gate, additive
+  (HealthBench's score, in every mode).
   """
   structure = MODES.get(mode)
   p = jnp.asarray(p)
@@ -274,7 +315,15 @@ def aggregate(p, points, group_onehot, critical, *, mode: str = "gated_grouped",
   z = jnp.where(total > 0, total, 1.0)          # a row of padding only scores 0, not NaN
   flat_gain = (p * positive).sum(-1) / z
   penalty = (p * jnp.where(points < 0, points, 0.0)).sum(-1) / z
-  if structure.grouped:
+  if structure.dimensions:
+    if dimensions is None:
+      raise ValueError("aggregate: mode 'dimensions' needs dimensions=(dimension_onehot, clause_onehot), "
+                       "from pack_dimensions(rubrics).")
+    member, clause = (jnp.asarray(x, dtype) for x in dimensions)
+    criteria = (points > 0).astype(dtype)[..., None] * member
+    held = _soft_and(p, criteria, eps) * _soft_and(1.0 - p, clause, eps)   # every criterion, and no clause
+    gain = (held * jnp.einsum("nk,nkd->nd", positive, member)).sum(-1) / z
+  elif structure.grouped:
     membership = (points > 0).astype(dtype)[..., None] * group_onehot
     group_points = jnp.einsum("nk,nkm->nm", positive, group_onehot)
     gain = (_soft_and(p, membership, eps) * group_points).sum(-1) / z
@@ -314,7 +363,7 @@ def judge_rubric_row(task, checks: Sequence[ItemCheck], width: int, completion: 
   return scores[0] if width == 1 else scores  # the executor takes a bare float for a one-value row
 
 
-def _batch_rubrics(batch: RewardBatch, field: str) -> list[Rubric]:
+def _batch_rubrics(batch: RewardBatch, field: str, dimensions: bool) -> list[Rubric]:
   parsed: dict[int, Rubric] = {}              # rows of one example share its list: parse it once per call
   rubrics = []
   for i, (fields, prompt) in enumerate(zip(batch.fields, batch.prompts)):
@@ -326,6 +375,8 @@ def _batch_rubrics(batch: RewardBatch, field: str) -> list[Rubric]:
     items = fields[field]
     if id(items) not in parsed:
       parsed[id(items)] = parse_rubric(items, where)
+      if dimensions:
+        require_dimensions(parsed[id(items)], where)
     rubrics.append(parsed[id(items)])
   return rubrics
 
@@ -375,7 +426,7 @@ def make_rubric_reward(task, executor: VerifierExecutor, *, models, mode: str = 
     if n == 0:
       empty = np.zeros(0, np.float64)
       return RewardOutput(empty, np.zeros(0, bool), {k: empty for k in ("gain", "penalty", "gate", "additive")}, {})
-    rubrics = _batch_rubrics(batch, field)
+    rubrics = _batch_rubrics(batch, field, MODES.get(mode).dimensions)
     points, onehot, critical, _ = pack_rubrics(rubrics)
     width = points.shape[1]
     rows = [(r.checks, width, c, a) for r, c, a in zip(rubrics, batch.completions, batch.answers)]
@@ -386,9 +437,10 @@ def make_rubric_reward(task, executor: VerifierExecutor, *, models, mode: str = 
         raise ValueError("reward 'rubric': a rubric has items of kind 'lm', which a judge model decides; set the "
                          "reward's judge_role to a role of config.models (reward.kwargs.judge_role).")
       _model_judgments(p, rubrics, batch, judge, judge_template)
+    dims = pack_dimensions(rubrics) if MODES.get(mode).dimensions else None
     parts = {name: np.asarray(value, np.float64)
-             for name, value in jitted_aggregate(p, points, onehot, critical, mode=mode,
-                                                 gate_floor=gate_floor).items()}
+             for name, value in jitted_aggregate(p, points, onehot, critical, mode=mode, gate_floor=gate_floor,
+                                                 dimensions=dims).items()}
     met = p > MET
     has_critical = critical.any(-1)
     required = np.where(has_critical[:, None], critical, points > 0)

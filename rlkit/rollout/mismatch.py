@@ -34,8 +34,8 @@ A limit of this model (measured in experiments/calibrated_is/results.md): the no
 decode step, so the policy the tokens are drawn from *on average* is much closer to the trainer's than each
 step's reported log-prob suggests (at uniform sigma 1.0, |log rho| 0.389 reported vs 0.095 for the averaged
 distribution); uncorrected training is then nearly unbiased and corrections mostly add variance. A real
-engine's mismatch is a persistent shift per context; a persistent kind (e.g. a fixed perturbation of the
-sampler copy's weights) is not implemented yet.
+engine's mismatch is a persistent shift per context: for that, sample from the sampler's own weight copy
+(`rl.sync`: bf16, or fp8-rounded kernels with `rl.sync.quantizer=fp8`; experiments/calibrated_is).
 
 Determinism: the noise of decode step i uses key_i = fold_in(noise_key, i), noise_key = fold_in(key,
 `rlkit.rollout.sampler.NOISE_STREAM`) of the sampling key, so a run is a function of its key, and the

@@ -7,7 +7,8 @@ One iteration, with P = prompts_per_step examples read from the train data, Q = 
             example's `bindings` ("a=3,b=5:"): N = P*Q questions `bindings + expression`. These questions are
             the solver's prompts this iteration: the data source its RL reads.
   check     the checker (`analyse_question`, in the reward executor's worker): validity and its reason, the
-            exact answer, the skill and instance fingerprints
+            exact answer, the skill and instance fingerprints; a question whose tokens do not fit the solver's
+            prompt (data.max_prompt_len) is invalid ("length") and its answers count for nothing
   judge     (rquest.judge_samples = J > 0) the proposer's reject head writes J verdicts V/I on "question?"; with
             rquest.reject_filter, a draft most verdicts call invalid is dropped before the solver learns from it
   solve     the solver samples G answers per question; p̂ = the share agreeing with the majority answer
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rlkit.data.pipeline import prompt_batch
+from rlkit.data.pipeline import prompt_batch, token_lengths
 from rlkit.parallel.hosts import host_rows
 from rlkit.rewards import RewardOutput, take
 from rlkit.rewards import question_checker as checker
@@ -186,6 +187,13 @@ class _Iteration:
     out = self.executor.map(checker.analyse_question, rows, fallback=checker.ANALYSIS_FALLBACK)
     return checker.unpack_analyses(out.values), out.failures
 
+  def _fits(self, texts) -> np.ndarray:
+    """bool[N]: the question with "=" fits the solver's prompt (data.max_prompt_len tokens). A proposer's
+    max_new_tokens tokens of a BPE tokenizer can decode to a text that tokenizes longer (a char tokenizer's
+    cannot), and the checker limits characters only."""
+    lengths, _ = token_lengths([{"prompt": t + "=", "answer": ""} for t in texts], self.ctx.tokenizer)
+    return np.array(lengths) <= self.ctx.config.data.max_prompt_len
+
   def _judge(self, policy, texts, valid, key):
     """Verdicts of the reject head: (samples, rewards, said-valid per draft)."""
     learner, j = self.learners["judge/"], self.r.judge_samples
@@ -205,7 +213,11 @@ class _Iteration:
                                        jax.random.fold_in(key, 1), r.group)
     texts = [e["prompt"] + x.strip() for e, x in zip(drafts.examples, expressions)]
     analysis, failed = self._check(texts)
-    valid = analysis["valid"]
+    # A question the solver cannot read is invalid ("length"); the solver answers its bindings alone instead,
+    # and those answers count for nothing (no agreement, no label, no row to learn from).
+    fits = self._fits(texts)
+    analysis["valid"] = valid = analysis["valid"] & fits
+    analysis["reason"] = [r if ok else "length" for r, ok in zip(analysis["reason"], fits)]
     keep = np.ones(len(texts), bool)
     if r.judge_samples:
       judged, judge_rewards, said_valid = self._judge(prop, texts, valid, jax.random.fold_in(key, 2))
@@ -214,9 +226,11 @@ class _Iteration:
                       "reject/caught": float((~said_valid & ~valid).sum() / max(int((~valid).sum()), 1))})
       if r.reject_filter:
         keep = said_valid
-    solved, answers = self._sample(self.solver, state, [t + "=" for t in texts],
+    solved, answers = self._sample(self.solver, state, [(t if ok else e["prompt"]) + "=" for t, ok, e in
+                                                        zip(texts, fits, drafts.examples)],
                                    jax.random.fold_in(key, 3), cfg.group_size)
-    extracted = [_canonical(self.ctx.task.extract_answer(a)) for a in answers]
+    extracted = [_canonical(self.ctx.task.extract_answer(a)) if fits[i // cfg.group_size] else None
+                 for i, a in enumerate(answers)]
     majority, agree = rq.solver_agreement([extracted[i:i + cfg.group_size]
                                            for i in range(0, len(extracted), cfg.group_size)])
     banks = state["rquest"]

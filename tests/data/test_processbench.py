@@ -235,8 +235,29 @@ def test_task_verify_is_the_exact_earliest_step_match():
   assert [task.verify(v, "-1/3") for v in ("+++", "++-", "+++ +")] == [1, 0, 0]
 
 
+def test_running_difference_chains_label_and_verify_like_running_sums():
+  """op="-": every written number stays >= 0 (an error may be negative only then), the labels are the first
+  wrong difference, traps cancel, and the prompt is the steps' own text."""
+  task = make_task("processbench_chains", op="-", trap_frac=0.5)
+  rng = np.random.default_rng(1)
+  for _ in range(2000):
+    e = task.make_example(rng)
+    numbers = [int(n) for n in re.findall(r"\d+", e["prompt"])]
+    start, operands, written = numbers[0], numbers[1::2], numbers[2::2]
+    wrong = [a - b != c for a, b, c in zip([start] + written[:-1], operands, written)]
+    assert "+" not in e["prompt"] and e["prompt"].count("-") == len(e["steps"]) == len(operands)
+    assert e["prompt"] == str(start) + "".join(s[s.index("-"):] for s in e["steps"]) + ">"
+    assert e["label"] == (wrong.index(True) if any(wrong) else -1)
+    assert e["final_answer_correct"] == (written[-1] == start - sum(operands)) and start - sum(operands) >= 1
+    assert sum(wrong) == (2 if e["trap"] else int(e["label"] != -1))
+    demo = task.demonstration(e)
+    assert demo == step_verdicts(e["steps"]) == "".join("-" if w else "+" for w in wrong)
+    assert task.verify(demo, e["answer"]) == 1.0
+  assert step_verdicts(["9-4=5", "5-2=4"]) == "+-"
+
+
 @pytest.mark.parametrize("kwargs", [{"error_frac": 1.5}, {"trap_frac": -0.1}, {"max_error": 0},
-                                    {"subsets": ("len9",)}, {"subsets": ()}, {"error_frac": True}])
+                                    {"subsets": ("len9",)}, {"subsets": ()}, {"error_frac": True}, {"op": "*"}])
 def test_task_refuses_bad_parameters(kwargs):
   with pytest.raises(ValueError, match="processbench_chains"):
     make_task("processbench_chains", **kwargs)

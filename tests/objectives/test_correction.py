@@ -1,6 +1,7 @@
 """Off-policy rollout corrections (rlkit/objectives/correction.py, rollout_correction.py, calibrated_is.py):
 hand-computed weights, masks, metrics and state, against verl 0.9.1's semantics where verl has the mode (a numpy
-transliteration of verl 0.9.1's formulas is in test_rollout_correction.py)."""
+transliteration of verl 0.9.1's formulas is in test_rollout_correction.py) and the published calibrated-IS
+rule's (kzhao5/CIS-RL's operator, transcribed below as `_cis_reference`)."""
 from __future__ import annotations
 
 import jax
@@ -10,7 +11,7 @@ import pytest
 
 from rlkit.core.types import ROW_SOURCE, TrainBatch
 from rlkit.objectives import calibrated_is
-from rlkit.objectives.correction import CORRECTIONS, calibrated_correction, check, correction_defaults
+from rlkit.objectives.correction import CORRECTIONS, calibrated_correction, check, cis_correction, correction_defaults
 from rlkit.objectives.correction import icepop_weights, parse_rollout_is_threshold, parse_rollout_rs
 from rlkit.objectives.correction import rollout_correction_weights
 
@@ -63,6 +64,7 @@ CONFIGS = [
     _cfg("rollout_correction", rollout_is="sequence", rollout_is_threshold="0.5_5.0", rollout_is_batch_normalize=True),
     _cfg("icepop"),
     _cfg("calibrated"),
+    _cfg("cis"),
 ]
 
 
@@ -99,10 +101,11 @@ def _cores():
                                              batch_normalize=True)[0]
   yield lambda o: icepop_weights(o, rollout, m, s)[0]
   yield lambda o: calibrated_correction(o, rollout, m, s, calibrated_is.init_state(), sigma_init=1.0)[0]
+  yield lambda o: cis_correction(o, rollout, m, s)[0]     # its cap depends on old_logp too: still no gradient
 
 
 @pytest.mark.parametrize("core", list(_cores()),
-                         ids=["token_is", "sequence_is", "sequence_icepop", "icepop", "calibrated"])
+                         ids=["token_is", "sequence_is", "sequence_icepop", "icepop", "calibrated", "cis"])
 def test_weights_carry_no_gradient(core):
   old = jnp.asarray(ROLLOUT + LR, jnp.float32)
   assert float(jnp.abs(jax.grad(lambda o: core(o).sum())(old)).max()) == 0.0
@@ -334,6 +337,84 @@ def test_calibrated_state_is_unchanged_by_a_batch_without_policy_tokens():
   assert all(np.isfinite(v) for v in out.metrics.values())
 
 
+def _cis_reference(train_logp, infer_logp, lam=2.3, kappa=5e-3):
+  """kzhao5/CIS-RL's `cis_weight` (cis/operator.py), transcribed to numpy: min(k, 1 + lam max(1 - p, kappa)),
+  weight 1 where the log ratio is not finite."""
+  with np.errstate(invalid="ignore"):
+    log_k = np.asarray(train_logp, np.float64) - np.asarray(infer_logp, np.float64)
+  log_k = np.where(np.isfinite(log_k), log_k, 0.0)
+  phi = np.maximum(1.0 - np.exp(np.asarray(train_logp, np.float64)), kappa)
+  return np.minimum(np.exp(log_k), 1.0 + lam * phi)
+
+
+def _cis_logps(n=4000, seed=0):
+  """Trainer and sampler log-probs of confident and unconfident tokens (the public tests' recipe) with a
+  mismatch of either sign, [n // 8, 8]."""
+  rng = np.random.default_rng(seed)
+  train = -rng.random(n) ** 4 * 8.0
+  infer = np.minimum(train - rng.normal(0.0, 0.3, n), 0.0)
+  return train.reshape(-1, 8), infer.reshape(-1, 8)
+
+
+def test_cis_equals_the_published_formula_elementwise():
+  train, infer = _cis_logps()
+  mask = np.ones(train.shape, bool)
+  mask[:3, 5:] = False
+  for lam, kappa in ((2.3, 5e-3), (0.7, 0.1), (5.0, 0.0)):
+    out = _apply(_cfg("cis", cis_lambda=lam, cis_kappa=kappa), _batch(train, infer, mask))
+    ref = _cis_reference(train, infer, lam, kappa)
+    np.testing.assert_allclose(np.asarray(out.weights)[mask], ref[mask], rtol=2e-6)
+    np.testing.assert_array_equal(np.asarray(out.weights)[~mask], 1.0)
+    np.testing.assert_array_equal(np.asarray(out.keep), mask)          # truncation only: nothing rejected
+    capped = (np.exp(train - infer) > 1.0 + lam * np.maximum(1.0 - np.exp(train), kappa))[mask]
+    assert out.metrics[P + "rollout_is_ratio_fraction_high"] == pytest.approx(capped.mean(), abs=1e-6)
+    assert 0.05 < capped.mean() < 0.6 and out.metrics[P + "rollout_rs_masked_fraction"] == 0.0
+  # The small case by hand: p = e^old, cap = 1 + 2.3 max(1 - p, 0.005); row 0 token 2 (k = e^1 = 2.72, p = e^-1)
+  # is capped at 1 + 2.3 (1 - e^-1) = 2.454, and row 1's second token (k = e^0.3 = 1.35, p = e^-0.9) is not.
+  out = _apply(_cfg("cis"), _batch(ROLLOUT + LR, ROLLOUT, MASK))
+  np.testing.assert_allclose(np.asarray(out.weights), [[E(0.5), E(-0.2), 1 + 2.3 * (1 - E(-1.0))],
+                                                       [E(-1.0), E(0.3), 1.0]], rtol=1e-6)
+  # Confident tokens meet the kappa floor: at p = 1 the cap is 1 + 2.3 * 0.005 whatever the ratio; a ratio
+  # that is not finite weighs 1 (the public operator's rule).
+  out = _apply(_cfg("cis"), _batch([[0.0, -np.inf, -1.0]], [[-0.5, -np.inf, -1.0]], [[True, True, True]]))
+  np.testing.assert_allclose(np.asarray(out.weights), [[1.0115, 1.0, 1.0]], rtol=1e-6)
+
+
+def test_cis_with_lambda_zero_is_tis_capped_at_one():
+  train, infer = _cis_logps(seed=1)
+  out = _apply(_cfg("cis", cis_lambda=0.0), _batch(train, infer, np.ones(train.shape, bool)))
+  np.testing.assert_allclose(np.asarray(out.weights), np.minimum(np.exp(train - infer), 1.0), rtol=2e-6)
+
+
+@pytest.mark.parametrize("lam, kappa", [(2.3, 5e-3), (1.0, 1.0), (0.5, 0.0)])
+def test_cis_never_exceeds_token_tis_when_its_cap_is_at_least_one_plus_lambda(lam, kappa):
+  train, infer = _cis_logps(seed=2)
+  batch = _batch(train, infer, np.ones(train.shape, bool))
+  cis = np.asarray(_apply(_cfg("cis", cis_lambda=lam, cis_kappa=kappa), batch).weights)
+  for c in (1.0 + lam, 2.0 * (1.0 + lam), 100.0):
+    tis = np.asarray(_apply(_cfg("rollout_correction", rollout_is="token", rollout_is_threshold=str(c)), batch).weights)
+    assert np.all(cis <= tis * (1 + 1e-6)), c
+  assert np.any(cis < 0.99 * tis)    # ... and truly below it on confident tokens
+
+
+def test_cis_gradient_flows_through_the_policy_log_prob_only():
+  """In the trainer's loss -(w A) logp, d/d logp is -(w A) exactly, and nothing reaches old_logp through w (its
+  cap reads the trainer's p, so a missing stop-gradient would show here)."""
+  train, infer = _cis_logps(n=64, seed=3)
+  old, rollout = jnp.asarray(train, jnp.float32), jnp.asarray(infer, jnp.float32)
+  m, s = jnp.ones(old.shape, bool), jnp.zeros(old.shape[0], jnp.int32)
+  adv = jnp.asarray(np.random.default_rng(4).normal(size=old.shape), jnp.float32)
+
+  def loss(logp, old_logp):
+    w = cis_correction(old_logp, rollout, m, s)[0]
+    return -(w * adv * logp).sum()
+
+  d_logp, d_old = jax.grad(loss, argnums=(0, 1))(old, old)
+  w = cis_correction(old, rollout, m, s)[0]
+  np.testing.assert_allclose(np.asarray(d_logp), -np.asarray(w * adv), rtol=1e-6)
+  assert float(jnp.abs(d_old).max()) == 0.0
+
+
 def test_mismatch_metrics_match_the_hand_computed_small_case():
   m = _small(rollout_is="token").metrics
   lr = LR[MASK]
@@ -352,7 +433,7 @@ def test_mismatch_metrics_match_the_hand_computed_small_case():
 
 def test_check_accepts_the_defaults_and_valid_specs():
   check(correction_defaults())
-  for name in ("none", "rollout_correction", "icepop", "calibrated"):
+  for name in ("none", "rollout_correction", "icepop", "calibrated", "cis"):
     check(_cfg(name, rollout_is="sequence", rollout_rs="token_k1,seq_max_k2, seq_mean_k3",
                rollout_rs_threshold="0.4_1.8,3.0,0.01", rollout_token_veto_threshold=1e-4))
   for spec in ("2", " 1.5 ", "0.5_5.0", "1.0_1.0"):   # verl 0.9.1 allows lower == upper
@@ -386,6 +467,8 @@ def test_check_accepts_the_defaults_and_valid_specs():
     (dict(calibrated_tau_lo=-1.0), ["correction.calibrated_tau_lo", "> 0"]),
     (dict(calibrated_max_masked_frac=1.5), ["correction.calibrated_max_masked_frac", "[0, 1]"]),
     (dict(calibrated_sigma_decay=1.0), ["correction.calibrated_sigma_decay", "[0, 1)"]),
+    (dict(name="cis", cis_lambda=-0.1), ["correction.cis_lambda", ">= 0", "2.3"]),
+    (dict(name="cis", cis_kappa=1.5), ["correction.cis_kappa", "[0, 1]", "5e-3"]),
 ])
 def test_check_rejects_bad_values_naming_the_key(fields, words):
   fields = dict(fields)
@@ -397,7 +480,7 @@ def test_check_rejects_bad_values_naming_the_key(fields, words):
 
 def test_registry_and_every_config_field_documented():
   from rlkit.train.config_docs import field_comments
-  assert CORRECTIONS.names() == ["calibrated", "icepop", "none", "rollout_correction"]
+  assert CORRECTIONS.names() == ["calibrated", "cis", "icepop", "none", "rollout_correction"]
   comments = field_comments(correction_defaults)
   assert set(comments) == set(correction_defaults().keys())
   assert "verl" in comments["rollout_rs_threshold"] and "0.5_2.0" in comments["rollout_rs_threshold"]

@@ -1,7 +1,8 @@
 """The quantizer seam (rlkit/quant/quantizers.py): the QUANTIZERS registry, `bf16` equal to the bfloat16 export
-of before bit for bit, the int8 format's round-trip bound and layout ops, the sampler computing with int8
-weights (through the weight-matmul hook and through the CPU decode layout) close to float32, and the sampler
-copy synced with int8 weights (dense and sparse_delta, onto another mesh, bit-exact against a dense reshard)."""
+of before bit for bit, the int8 and fp8 formats' round-trip bounds and layout ops, the sampler computing with
+int8 or fp8 weights (through the weight-matmul hook and through the CPU decode layout) close to float32, and the
+sampler copy synced with int8 weights (dense and sparse_delta, onto another mesh, bit-exact against a dense
+reshard) and with fp8 weights (sparse_delta)."""
 import functools
 
 import jax
@@ -15,6 +16,7 @@ from rlkit.models.matmul import QuantizedWeight, weight_matmul
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params
 from rlkit.parallel.mesh import make_mesh
 from rlkit.parallel.rules import shard_params
+from rlkit.quant.fp8 import FP8_MAX, quantize_fp8
 from rlkit.quant.int8 import ChannelScaledWeight, quantize_int8
 from rlkit.quant.quantizers import QUANTIZERS, Quantizer, export_shardings, kernel_inputs
 from rlkit.rewards import RewardOutput, register_reward
@@ -50,7 +52,7 @@ def _paths(tree, is_leaf=None):
 
 
 def test_the_registry():
-  assert {"none", "bf16", "int8"} <= set(QUANTIZERS.names())
+  assert {"none", "bf16", "int8", "fp8"} <= set(QUANTIZERS.names())
   with pytest.raises(ValueError, match=r"sync.quantizer='int4' is not a known quantizer; choose one of: .*int8"):
     SyncConfig(quantizer="int4")
   with pytest.raises(ValueError, match="already registered"):
@@ -60,8 +62,9 @@ def test_the_registry():
   cfg = rl_defaults()
   assert cfg.sync.quantizer == "none"
   cfg.sync.kind, cfg.sync.quantizer = "dense", "fp3"
-  with pytest.raises(ConfigError, match=r"rl.sync: sync.quantizer='fp3'.*bf16, int8, none"):
+  with pytest.raises(ConfigError, match=r"rl.sync: sync.quantizer='fp3'.*choose one of") as e:
     STAGES.get("rl").validate(cfg, "rl")
+  assert all(name in str(e.value) for name in ("bf16", "fp8", "int8", "none"))
   cfg.sync.kind, cfg.sync.quantizer = "", "int8"      # no sampler copy to format: a dead setting, refused
   with pytest.raises(ConfigError, match=r"rl.sync.quantizer='int8' formats the sampler's own copy.*rl.sync.kind"):
     STAGES.get("rl").validate(cfg, "rl")
@@ -114,6 +117,36 @@ def test_int8_round_trip_error_is_within_half_a_step():
   assert not np.asarray(z.dequantize())[:, [0, 2]].any() and np.asarray(z.codes)[3, 1] == 127
 
 
+def test_fp8_round_trip_error_is_within_half_an_e4m3_step():
+  """Codes are float8_e4m3fn with |W - c·s| <= s · 2^-4 |c| (half a step of 3 mantissa bits) where c is a normal
+  E4M3 number and <= s · 2^-10 (half the subnormal step) below; every channel reaches code ±448 and the scale
+  broadcasts over the contracted axes only; a quotient that would round past 448 stays 448 (not NaN); an
+  all-zero channel stays exactly zero."""
+  params = _params()
+  exported = _paths(export_params(params, "bfloat16", "fp8"), is_leaf=lambda x: isinstance(x, QuantizedWeight))
+  for path, w in _paths(params).items():
+    q = exported[path]
+    if path not in KERNELS:
+      assert not isinstance(q, QuantizedWeight) and q.dtype == jnp.bfloat16
+      continue
+    k = kernel_inputs(path.split("/"))
+    assert q.codes.dtype == jnp.float8_e4m3fn and q.scale.shape == (1,) * k + w.shape[k:] and q.dtype == jnp.bfloat16
+    codes, scale = np.asarray(q.codes, np.float32), np.asarray(q.scale)
+    assert np.all(np.isfinite(codes)) and np.all(np.abs(codes).max(axis=tuple(range(k))) == FP8_MAX)
+    bound = np.where(np.abs(codes) >= 2.0 ** -6, 2.0 ** -4 * np.abs(codes), 2.0 ** -10) * scale
+    error = np.abs(np.asarray(w) - codes * scale)
+    assert np.all(error <= bound * (1 + 1e-6)), path
+    assert error.max() > 0, path
+    # The dequantized kernel is the per-channel rounding of W, not a cast: the relative error is E4M3's.
+    rel = np.linalg.norm(np.asarray(w) - codes * scale) / np.linalg.norm(np.asarray(w))
+    assert 1e-3 < rel < 2 ** -4, (path, rel)
+  z = quantize_fp8(jnp.zeros((4, 3)).at[:, 1].set(jnp.array([1.0, 2.0, 3.0, 3.1])), 1)
+  assert np.array_equal(np.asarray(z.scale)[0, [0, 2]], [1.0, 1.0])
+  assert not np.asarray(z.dequantize())[:, [0, 2]].any() and float(z.codes[3, 1]) == FP8_MAX
+  edge = quantize_fp8(jnp.array([[1.0], [1.0 - 1e-7]]), 1)     # w / s can round to just above 448
+  assert np.all(np.isfinite(np.asarray(edge.codes, np.float32)))
+
+
 FORMS = {  # eq, x shape, kernel shape, its input axes, the view the model multiplies by (transformer.py)
     "qkv": ("btd,df->btf", (2, 5, 8), (8, 2, 3, 4), 1, lambda w: w.reshape(8, -1)),
     "o": ("btf,fd->btd", (2, 5, 24), (2, 3, 4, 8), 3, lambda w: w.reshape(24, 8)),
@@ -123,12 +156,14 @@ FORMS = {  # eq, x shape, kernel shape, its input axes, the view the model multi
 }
 
 
+@pytest.mark.parametrize("quantize", [quantize_int8, quantize_fp8], ids=["int8", "fp8"])
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_the_int8_matmul_hook_equals_the_dequantized_einsum(form):
-  """weight_matmul with a ChannelScaledWeight (its scale applied after the contraction) against the einsum
-  with the dequantized kernel, after the reshape the model applies (lazy: the codes and scales reshaped)."""
+def test_the_channel_scaled_matmul_hook_equals_the_dequantized_einsum(form, quantize):
+  """weight_matmul with a ChannelScaledWeight of int8 or fp8 codes (its scale applied after the contraction)
+  against the einsum with the dequantized kernel, after the reshape the model applies (lazy: the codes and
+  scales reshaped)."""
   eq, xs, ws, k, view = FORMS[form]
-  q = quantize_int8(jax.random.normal(jax.random.key(0), ws), k)
+  q = quantize(jax.random.normal(jax.random.key(0), ws), k)
   x = jax.random.normal(jax.random.key(1), xs)
   w = view(q).astype(jnp.float32)
   assert isinstance(w, ChannelScaledWeight) and w.scale.shape == (1,) + w.shape[1:]
@@ -173,38 +208,42 @@ def _teacher_forced_gap(model, params, prompt, cfg):
   return np.abs(np.asarray(jnp.take_along_axis(logp, rollout.response[..., None], -1)[..., 0] - rollout.logprobs))
 
 
-def test_the_sampler_with_int8_weights_is_close_to_float32():
-  """A bf16 sampler module on the int8 export: its logits (through the weight-matmul hook) and the log-probs
-  `generate` reports (through the CPU decode layout) stay within a small multiple of the bf16 copy's
-  distance from float32 (measured: about 2x; the logits span about 6 nats)."""
+def test_the_sampler_with_int8_or_fp8_weights_is_close_to_float32():
+  """A bf16 sampler module on the int8 or fp8 export: its logits (through the weight-matmul hook) and the
+  log-probs `generate` reports (through the CPU decode layout) stay within a small multiple of the bf16 copy's
+  distance from float32 (measured: int8 about 2x, fp8 about 5x: 0.31 on logits within ±3), fp8 the farthest
+  (3 mantissa bits against int8's 7)."""
   params = _params()
   tokens = jax.random.randint(jax.random.key(1), (4, 12), 0, CFG.vocab_size)
   f32 = _forward(CFG, params, tokens)
   error = {q: float(jnp.abs(_forward(BF16, export_params(params, "bfloat16", q), tokens) - f32).max())
-           for q in ("bf16", "int8")}
+           for q in ("bf16", "int8", "fp8")}
   assert 0 < error["bf16"] < error["int8"] < 4 * error["bf16"] and error["int8"] < 0.05 * float(jnp.abs(f32).max())
+  assert error["int8"] < error["fp8"] < 8 * error["bf16"] and error["fp8"] < 0.15 * float(jnp.abs(f32).max())
   cfg = SamplingConfig(max_new_tokens=6)
   gaps = {q: _teacher_forced_gap(Transformer(BF16), export_params(params, "bfloat16", q), tokens[:, :5], cfg)
-          for q in ("bf16", "int8")}
+          for q in ("bf16", "int8", "fp8")}
   assert _teacher_forced_gap(Transformer(CFG), params, tokens[:, :5], cfg).max() < 1e-5     # the measure itself
   assert 0 < gaps["int8"].mean() < 4 * gaps["bf16"].mean() and gaps["int8"].max() < 0.2
+  assert gaps["int8"].mean() < gaps["fp8"].mean() < 8 * gaps["bf16"].mean() and gaps["fp8"].max() < 0.3
 
 
 # ------------------------------------------------------------------------------------------- the sync path
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices: tests/conftest.py")
-@pytest.mark.parametrize("kind", ["dense", "sparse_delta"])
-def test_the_sampler_copy_syncs_int8_weights_onto_its_mesh(kind):
-  """rl.sync with quantizer int8: the copy (built by a resync from the master on a data 2 x fsdp 4 mesh, laid
-  out on a tensor=2 sampler mesh) after one sync of nudged params holds exactly the int8 export of the new
-  master (verify_dense: bit-exact against a dense reshard); each scale takes its kernel's sharding with the
-  contracted axes replicated; sparse_delta sends a fraction of the bytes."""
+@pytest.mark.parametrize("quantizer, kind", [("int8", "dense"), ("int8", "sparse_delta"), ("fp8", "sparse_delta")])
+def test_the_sampler_copy_syncs_quantized_weights_onto_its_mesh(quantizer, kind):
+  """rl.sync with quantizer int8 or fp8: the copy (built by a resync from the master on a data 2 x fsdp 4 mesh,
+  laid out on a tensor=2 sampler mesh) after one sync of nudged params holds exactly the quantized export of
+  the new master (verify_dense: bit-exact against a dense reshard); each scale takes its kernel's sharding with
+  the contracted axes replicated; sparse_delta sends a fraction of the bytes (fp8: the bits of 1-byte float
+  codes)."""
   mesh = make_mesh({"data": 2, "fsdp": 4})
   before = shard_params(_params(), mesh)
   pick = lambda x: (jnp.arange(x.size) % 128 == 0).reshape(x.shape)          # noqa: E731
   after = jax.tree.map(lambda x: jnp.where(pick(x), x * 1.01 + 1e-3, x), before)
   section = weight_sync.sampler_sync_defaults()
-  section.update(kind=kind, quantizer="int8", verify_dense=True, capacity_frac=0.25)
+  section.update(kind=kind, quantizer=quantizer, verify_dense=True, capacity_frac=0.25)
   section.mesh.tensor = 2
   with jax.set_mesh(mesh), fast_compile():      # (shapes of this module only: see tests/fast_compile.py)
     sync = weight_sync.build(section, before, Transformer(CFG), lora.lora_defaults())
@@ -215,15 +254,16 @@ def test_the_sampler_copy_syncs_int8_weights_onto_its_mesh(kind):
     assert 0 < m["sync/change_rate"] < 0.2 and m["sync/payload_ratio"] < 0.5
   assert sync.model.cfg.param_dtype == "bfloat16" == sync.model.cfg.dtype
   qkv = copy.params["layers_0"]["attn"]["qkv"]
-  assert isinstance(qkv, ChannelScaledWeight) and qkv.codes.dtype == jnp.int8
+  assert isinstance(qkv, ChannelScaledWeight) and qkv.codes.dtype == {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}[
+      quantizer]
   assert dict(qkv.codes.sharding.mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 2}
   assert tuple(qkv.codes.sharding.spec)[1] == "tensor" == tuple(qkv.scale.sharding.spec)[1]    # heads split
   # On the train mesh (the master's shardings, mesh all 0) a scale's size-1 contracted axis is not split.
   train = export_shardings(jax.tree.map(lambda x: x.sharding, before),
-                           jax.eval_shape(lambda p: export_params(p, "bfloat16", "int8"), before))
+                           jax.eval_shape(lambda p: export_params(p, "bfloat16", quantizer), before))
   qkv = train["layers_0"]["attn"]["qkv"]
   assert tuple(qkv.codes.spec)[0] == "fsdp" and tuple(qkv.scale.spec)[0] is None
-  expected = export_params(jax.device_get(after), "bfloat16", "int8")
+  expected = export_params(jax.device_get(after), "bfloat16", quantizer)
   for a, b in zip(jax.tree.leaves(copy.params), jax.tree.leaves(expected)):
     np.testing.assert_array_equal(_bits(jax.device_get(a)), _bits(b))
 

@@ -179,6 +179,25 @@ def test_constraint_only_reward_pays_the_degenerate_answers_calif_refuses(execut
     np.testing.assert_allclose(baseline.components[name], out.components[name])
 
 
+def test_the_additive_control_adds_the_verifier_where_calif_multiplies(executor):
+  """r = r_c + a_task: "BLUE" (instruction only) and "42" (task only) each earn 1, "42 BLUE" 2, "41" 0; CALIF pays
+  only "42 BLUE". Components and `correct` are those of the other constraint rewards."""
+  batch = blue_batch(["42 BLUE", "BLUE", "42", "41", "41 BLUE"])
+  out = REWARDS.get("constraints_plus_task")(Arithmetic(), executor)(batch)
+  np.testing.assert_allclose(out.rewards, [2, 1, 1, 0, 1])
+  np.testing.assert_array_equal(out.correct, [True, False, False, False, False])
+  calif_out = REWARDS.get("calif")(Arithmetic(), executor, beta=0.0)(batch)
+  np.testing.assert_allclose(calif_out.rewards, [1, 0, 0, 0, 0])
+  for name in ("satisfaction", "task", "content_length"):
+    np.testing.assert_allclose(out.components[name], calif_out.components[name])
+  half = REWARDS.get("constraints_plus_task")(Arithmetic(), executor, task_weight=0.5)(batch)
+  np.testing.assert_allclose(half.rewards, [1.5, 1, 0.5, 0, 1])
+  failing = V.make_batch(["5", "zero"], ["5"] * 2, fields=[{"constraints": []}] * 2)
+  out = REWARDS.get("constraints_plus_task")(V.MisbehavingTask(), executor, failure_reward=-1.0)(failing)
+  np.testing.assert_allclose(out.rewards, [2, -1])       # no constraints: r_c = 1, and the task's 1
+  assert out.failures == {"ZeroDivisionError": 1}
+
+
 def test_rows_without_constraints_and_all_of(executor):
   batch = V.make_batch(["42", "42 BLUE"], ["42"] * 2,
                        fields=[{"constraints": [], "ref_len": 2.0},
@@ -233,6 +252,8 @@ def test_rewards_refuse_bad_constraint_data_naming_the_row(executor):
     ("constraints", {"all_of": 1}, "reward 'constraints': all_of must be a bool"),
     ("constraints", {"failure_reward": float("nan")}, "reward 'constraints': failure_reward must be a finite"),
     ("constraints", {"rho": 0.5}, r"reward 'constraints': unknown keyword\(s\) \['rho'\]"),
+    ("constraints_plus_task", {"task_weight": 0.0}, r"reward 'constraints_plus_task': task_weight must be > 0"),
+    ("constraints_plus_task", {"beta": 1.0}, r"reward 'constraints_plus_task': unknown keyword\(s\) \['beta'\]"),
 ])
 def test_kwargs_are_validated(executor, name, kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -241,6 +262,7 @@ def test_kwargs_are_validated(executor, name, kwargs, match):
 
 def test_registered_keywords():
   assert REWARDS.get("constraints").keywords == ("field", "all_of", "failure_reward")
+  assert REWARDS.get("constraints_plus_task").keywords == ("field", "all_of", "task_weight", "failure_reward")
   assert REWARDS.get("calif").keywords == ("field", "rho", "alpha", "beta", "all_of", "failure_reward",
                                            "reference_role", "reference_max_new_tokens")
   check_reward_kwargs("calif", {"rho": 0.3, "beta": 0.0})

@@ -1,5 +1,7 @@
 """Rubric rewards: additive mode is HealthBench's score, ProRubric's equivalences and limits (singleton groups,
-gate floor 1, hard gate, ungated penalties, padding, jit), rubric validation, and the reward end to end."""
+gate floor 1, hard gate, ungated penalties, padding, jit), the released protocol's dimensions (all or nothing,
+failure clauses, weights, the weighted share, malformed dimensions), rubric validation, and the reward end to
+end."""
 import jax
 import numpy as np
 import pytest
@@ -20,23 +22,29 @@ def item(points, kind="contains", group=None, critical=None, **params):
   return out
 
 
+def parsed(*rubric_items):
+  return [R.parse_rubric(items, f"example {i}") for i, items in enumerate(rubric_items)]
+
+
 def packed(*rubric_items):
   """pack_rubrics of one parsed rubric per argument (a list of items)."""
-  return R.pack_rubrics([R.parse_rubric(items, f"example {i}") for i, items in enumerate(rubric_items)])
+  return R.pack_rubrics(parsed(*rubric_items))
 
 
-def agg(p, arrays, mode, **kw):
+def agg(p, arrays, mode, dimensions=None, **kw):
   points, onehot, critical, _ = arrays
   return {k: np.asarray(v) for k, v in R.aggregate(np.asarray(p, np.float32), points, onehot, critical,
-                                                   mode=mode, **kw).items()}
+                                                   mode=mode, dimensions=dimensions, **kw).items()}
 
 
 def random_rubric(rng, k, groups=3):
-  """k items: about a third penalties, positives in `groups` groups, the first item critical."""
+  """k items: about a third penalties, positives in `groups` groups (each group also their dimension), the
+  first item critical."""
   out = []
   for j in range(k):
     w = float(rng.choice([-2.0, -0.5, 0.5, 1.0, 3.0])) if j else 3.0
-    out.append(item(w, group=int(rng.integers(groups)) if w > 0 else None, critical=(j == 0) or None))
+    group = int(rng.integers(groups)) if w > 0 else None
+    out.append(dict(item(w, group=group, critical=(j == 0) or None), **({"dimension": group} if w > 0 else {})))
   return out
 
 
@@ -129,12 +137,12 @@ def test_padding_changes_nothing(mode):
   rng = np.random.default_rng(2)
   short, long = random_rubric(rng, 3, groups=2), random_rubric(rng, 7, groups=4)
   p_short = rng.uniform(size=(1, 3))
-  alone = agg(p_short, packed(short), mode, gate_floor=0.1)
+  alone = agg(p_short, packed(short), mode, R.pack_dimensions(parsed(short)), gate_floor=0.1)
   arrays = packed(short, long)
   assert arrays[0].shape == (2, 7) and arrays[3].tolist()[0] == [True] * 3 + [False] * 4
   p = rng.uniform(size=(2, 7))
   p[0, :3] = p_short
-  stacked = agg(p, arrays, mode, gate_floor=0.1)
+  stacked = agg(p, arrays, mode, R.pack_dimensions(parsed(short, long)), gate_floor=0.1)
   for name, value in alone.items():
     np.testing.assert_allclose(stacked[name][:1], value, rtol=1e-6, err_msg=name)
 
@@ -142,13 +150,120 @@ def test_padding_changes_nothing(mode):
 @pytest.mark.parametrize("mode", sorted(R.MODES.names()))
 def test_jit_equals_eager(mode):
   rng = np.random.default_rng(3)
-  points, onehot, critical, _ = packed(*[random_rubric(rng, 6) for _ in range(5)])
+  rubrics = parsed(*[random_rubric(rng, 6) for _ in range(5)])
+  points, onehot, critical, _ = R.pack_rubrics(rubrics)
+  dims = R.pack_dimensions(rubrics)
   p = rng.uniform(size=(5, 6)).astype(np.float32)
-  jitted = jax.jit(R.aggregate, static_argnames=("mode",))(p, points, onehot, critical, mode=mode, gate_floor=0.2)
-  eager = R.aggregate(p, points, onehot, critical, mode=mode, gate_floor=0.2)
+  jitted = jax.jit(R.aggregate, static_argnames=("mode",))(p, points, onehot, critical, mode=mode, gate_floor=0.2,
+                                                           dimensions=dims)
+  eager = R.aggregate(p, points, onehot, critical, mode=mode, gate_floor=0.2, dimensions=dims)
   assert set(eager) >= {"reward", "gain", "penalty", "gate", "additive"}
   for name in eager:
     np.testing.assert_allclose(jitted[name], eager[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+# ----------------------------------------------------------------------------------------------- dimensions
+
+def clause(dimension, text="x"):
+  return {"criterion": f"fails {dimension}", "fails": dimension, "check": {"kind": "contains", "text": text}}
+
+
+def dim(points, dimension, **kw):
+  return dict(item(points, **kw), dimension=dimension)
+
+
+# decision (3) alone in "answer" with a failure clause; two style items (1 + 2) in "style"; Z = 6
+DIMENSIONED = [dim(3, "answer", critical=True), dim(1, "style"), dim(2, "style"), clause("answer")]
+
+
+def dims_score(p, rubrics=(DIMENSIONED,)):
+  rubrics = parsed(*rubrics)
+  return agg(p, R.pack_rubrics(rubrics), "dimensions", R.pack_dimensions(rubrics))
+
+
+def test_dimensions_are_all_or_nothing_and_a_failure_clause_zeroes_its_dimension():
+  p = [[1, 1, 1, 0],     # everything holds, no clause: 1
+       [1, 1, 0, 0],     # style half met: nothing for style (additive would credit 1/6 of it)
+       [1, 1, 1, 1],     # the clause fires: the answer's 3 points go, style stays
+       [0, 1, 1, 0],     # the decision fails: style still counts (no gate in the protocol)
+       [0, 0, 0, 1]]
+  out = dims_score(p)
+  np.testing.assert_allclose(out["reward"], [1.0, 0.5, 0.5, 0.5, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(out["additive"], [1.0, 4 / 6, 1.0, 0.5, 0.0], rtol=1e-6)   # clauses score nothing
+  np.testing.assert_array_equal(out["gate"], 1.0)
+  np.testing.assert_array_equal(out["penalty"], 0.0)
+  soft = dims_score([[1, 0.5, 0.8, 0.25]])      # soft AND: style 0.4, answer 1 - 0.25
+  np.testing.assert_allclose(soft["reward"], [(3 * 0.75 + 3 * 0.4) / 6], rtol=1e-6)
+
+
+def test_dimension_weights_are_the_sums_of_their_criteria_points():
+  rubric = [dim(1, "a"), dim(2, "a"), dim(3, "a"), dim(4, "b"), dim(0.5, "c"), dim(0.5, "c")]   # W = 6, 4, 1
+  for held, share in (((1, 1, 1, 0, 0, 1), 6 / 11), ((0, 1, 1, 1, 1, 1), 5 / 11), ((1, 1, 1, 1, 0, 0), 10 / 11)):
+    np.testing.assert_allclose(dims_score([held], [rubric])["reward"], [share], rtol=1e-6)
+
+
+def test_the_score_is_the_weighted_share_of_dimensions_met():
+  """Against a loop over dimensions, on random rubrics (2-5 dimensions, some with a clause) and 0/1 judgments."""
+  rng = np.random.default_rng(4)
+  rubrics, expected, ps = [], [], []
+  for _ in range(20):
+    d = int(rng.integers(2, 6))
+    items = [dim(float(rng.choice([0.5, 1.0, 3.0])), int(rng.integers(d))) for _ in range(8)]
+    names = sorted({it["dimension"] for it in items})
+    clauses = [clause(n) for n in names if rng.uniform() < 0.5]
+    rubric = items + clauses
+    p = (rng.uniform(size=len(rubric)) < 0.7).astype(float)
+    weight = {n: sum(it["points"] for it in items if it["dimension"] == n) for n in names}
+    met = {n: all(p[k] for k, it in enumerate(items) if it["dimension"] == n)
+           and not any(p[len(items) + j] for j, c in enumerate(clauses) if c["fails"] == n) for n in names}
+    expected.append(sum(weight[n] for n in names if met[n]) / sum(weight.values()))
+    rubrics.append(rubric)
+    ps.append(p)
+  width = max(len(r) for r in rubrics)
+  p = np.array([np.pad(x, (0, width - len(x))) for x in ps])
+  np.testing.assert_allclose(dims_score(p, rubrics)["reward"], expected, rtol=1e-6)
+
+
+def test_the_other_modes_ignore_dimensions_and_failure_clauses():
+  plain = [item(3, critical=True), item(1), item(2)]
+  p = np.array([[1, 1, 0, 1], [0, 1, 1, 1], [1, 0.5, 0.3, 0.2]], np.float32)
+  for mode in ("additive", "gated", "grouped", "gated_grouped"):
+    with_dims, without = agg(p, packed(DIMENSIONED), mode), agg(p[:, :3], packed(plain), mode)
+    for name in with_dims:
+      np.testing.assert_allclose(with_dims[name], without[name], rtol=1e-6, err_msg=f"{mode} {name}")
+
+
+def test_dimensions_mode_needs_the_dimension_arrays():
+  with pytest.raises(ValueError, match=r"mode 'dimensions' needs dimensions=\(dimension_onehot, clause_onehot\)"):
+    agg([[1, 1, 1, 0]], packed(DIMENSIONED), "dimensions")
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([dim(1, "a"), item(2)], r"^e: rubric item\(s\) \[1\] have no 'dimension' while the rubric has dimensions "
+                             r"\['a'\]; give every positive item a dimension"),
+    ([item(1), clause("a")], r"^e: rubric item\(s\) \[0\] have no 'dimension' while the rubric has failure clauses"),
+    ([dim(1, "a"), clause("b")], r"^e, rubric item 1: a failure clause of dimension 'b', which holds no criterion; "
+                                 r"name one of \['a'\]"),
+    ([dim(1, "a"), clause("a"), clause("a", "y")], r"^e, rubric item 2: dimension 'a' already has a failure clause "
+                                                   r"\(item 1\); merge the two"),
+    ([dim(1, "a"), dict(clause("a"), points=1)], r"^e, rubric item 1: unknown field\(s\) \['points'\] in a failure "
+                                                 r"clause; use only \['criterion', 'fails', 'check', 'tags'\]"),
+    ([dim(1, "a"), dict(clause("a"), fails=["a"])], r"^e, rubric item 1: 'fails' is \['a'\]; name the dimension"),
+    ([dim(1, "a"), dim(1, True)], r"^e, rubric item 1: 'dimension' is True; give a string or an int"),
+    ([dim(1, "a"), dim(-1, "a")], r"^e, rubric item 1: a penalty \(-1 points\) has a dimension; drop 'dimension'"),
+    ([dim(1, "a"), {"fails": "a", "check": {"kind": "answer_correct"}}], r"^e, rubric item 1: 'criterion' is missing"),
+])
+def test_malformed_dimensions_are_refused_naming_the_item(bad, message):
+  with pytest.raises(ValueError, match=message):
+    R.parse_rubric(bad, "e")
+
+
+def test_dimensions_are_numbered_in_order_of_first_appearance():
+  rubric = R.parse_rubric([dim(1, "b"), clause("a"), dim(1, "a"), dim(1, 7), dim(1, "b")], "e")
+  assert rubric.dimension_names == ("b", "a", 7)
+  assert rubric.dimensions == (0, -1, 1, 2, 0) and rubric.failure_of == (-1, 1, -1, -1, -1)
+  assert rubric.points[1] == 0.0 and not rubric.critical[1]
+  assert R.parse_rubric([item(1)], "e").dimension_names == ()
 
 
 # ----------------------------------------------------------------------------------------------- validation
@@ -187,8 +302,8 @@ def test_groups_are_numbered_and_ungrouped_items_stand_alone():
 
 def test_reward_kwargs_are_checked(executor):
   make = REWARDS.get("rubric")
-  with pytest.raises(ValueError, match=r"reward 'rubric': mode must be one of \['additive', 'gated', "
-                                       r"'gated_grouped', 'grouped'\], got 'gear'"):
+  with pytest.raises(ValueError, match=r"reward 'rubric': mode must be one of \['additive', 'dimensions', "
+                                       r"'gated', 'gated_grouped', 'grouped'\], got 'gear'"):
     make(Arithmetic(), executor, mode="gear")
   with pytest.raises(ValueError, match=r"reward 'rubric': gate_floor must be in \[0, 1\]"):
     make(Arithmetic(), executor, gate_floor=1.5)
@@ -245,4 +360,40 @@ def test_rubric_reward_failures_and_missing_field(executor):
     reward_fn(batch)
   batch = V.make_batch(["15"], ["15"], prompts=["12+3="], fields=[{"rubric": [{"criterion": "c", "check": {}}]}])
   with pytest.raises(ValueError, match=r"row 0's example \(prompt '12\+3='\), rubric item 0: 'points' is missing"):
+    reward_fn(batch)
+
+
+SUM_RUBRIC = [   # the released protocol's shape: two dimensions, the answer's with a failure clause
+    {"criterion": "the sum is right", "points": 3, "dimension": "answer", "critical": True,
+     "check": {"kind": "answer_correct"}},
+    {"criterion": "explains", "points": 1, "dimension": "why", "check": {"kind": "contains", "text": "because"}},
+    {"criterion": "names 12", "points": 1, "dimension": "why", "check": {"kind": "regex", "pattern": r"\b12\b"}},
+    {"criterion": "hedges", "fails": "answer", "check": {"kind": "contains", "text": "maybe", "case_sensitive": False}},
+]
+
+
+def test_dimensions_reward_end_to_end(executor):
+  """Z = 5: row 0 holds both dimensions; row 1 misses the sum (the 'why' dimension still counts: no gate); row 2
+  is right but hedges (the clause zeroes the answer) and half-explains; row 3 is right and explains only."""
+  completions = ["15 because 12+3", "14 because 12+3", "15 maybe because", "15 because"]
+  batch = V.make_batch(completions, ["15"] * 4, fields=[{"rubric": SUM_RUBRIC}] * 4)
+  out = REWARDS.get("rubric")(Arithmetic(), executor, mode="dimensions")(batch)
+  np.testing.assert_allclose(out.rewards, [1.0, 0.4, 0.0, 0.6], atol=1e-6)
+  np.testing.assert_allclose(out.components["gain"], out.rewards, atol=1e-6)
+  np.testing.assert_allclose(out.components["additive"], [1.0, 0.4, 0.8, 0.8], atol=1e-6)
+  np.testing.assert_array_equal(out.correct, [True, False, True, True])     # every critical item met
+  gated = REWARDS.get("rubric")(Arithmetic(), executor, mode="gated")(batch)   # the clause is inert there
+  np.testing.assert_allclose(gated.rewards, [1.0, 0.0, 0.8, 0.8], atol=1e-6)
+
+
+def test_dimensions_reward_refuses_a_rubric_it_cannot_score(executor):
+  reward_fn = REWARDS.get("rubric")(Arithmetic(), executor, mode="dimensions")
+  batch = V.make_batch(["15"], ["15"], prompts=["12+3="], fields=[{"rubric": ARITHMETIC_RUBRIC}])
+  with pytest.raises(ValueError, match=r"row 0's example \(prompt '12\+3='\): mode 'dimensions' \(ProRubric's "
+                                       r"released protocol\) scores dimensions, and this rubric has none"):
+    reward_fn(batch)
+  with_penalty = SUM_RUBRIC + [{"criterion": "rude", "points": -1, "check": {"kind": "contains", "text": "!"}}]
+  batch = V.make_batch(["15"], ["15"], prompts=["12+3="], fields=[{"rubric": with_penalty}])
+  with pytest.raises(ValueError, match=r"mode 'dimensions' \(ProRubric's released protocol\) has no penalties, and "
+                                       r"rubric item\(s\) \[4\] are; express each as a failure clause"):
     reward_fn(batch)

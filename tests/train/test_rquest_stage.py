@@ -183,6 +183,20 @@ def test_resume_equals_uninterrupted_banks_included(scripted_run):
   assert np.asarray(resumed["rquest"]["bank"].hashes).dtype == np.uint64
 
 
+def test_a_question_longer_than_the_solver_prompt_is_invalid_and_never_trains():
+  """A BPE proposer's max_new_tokens tokens can decode to a question that tokenizes longer than
+  data.max_prompt_len (experiments/rquest's base): the solver's prompt batch raised on it. Now it is invalid
+  ("length"), the solver reads its bindings alone, and nothing learns from its answers."""
+  logger = ts._Log()
+  script = [["a*b+a*b+a*b+1"] + SCRIPT[0][1:], SCRIPT[1]]      # 8 + 13 characters, "=" and BOS: 23 > 20 tokens
+  with _recording(script) as calls:
+    _run(_cfg(**{"rquest.labels": "checker", "rquest.reward": "rzero"}), _ctx(logger))
+  samples, rewards, _ = calls[0]
+  assert not samples.valid[:4].any() and samples.valid[4:].any() and not rewards.rewards[:4].any()
+  first = [r for r in logger.rows if "loss" in r][0]
+  assert first["rquest/invalid/length"] == 1 / 8
+
+
 def test_rzero_scores_are_frontier_minus_repetition_and_train_on_every_answered_question():
   cfg = _cfg(**{"rquest.reward": "rzero"})
   texts = ["a=1:a+1", "a=1:a+1", "b=2:b*3"]

@@ -360,6 +360,10 @@ GENTLE = {"rollout_mismatch.noise_scale": 0.2}
 # OnePO's recipe with guidance on (the test reward's even-prompt groups are all-fail: they are guided).
 ONEPO = {"augment": "onepo", "onepo.anneal_steps": 4, "advantage": "mixed_group",
          "loss_terms": {"shaped_offpolicy": 1.0}, "surrogate_rows": ("policy",)}
+# The released rule (onepo.rule=huatuo) with the verifier reward: an untrained policy solves no sum and the
+# scripted teacher every one, so the teacher beats every group it is offered.
+HUATUO = {"augment": "onepo", "onepo.rule": "huatuo", "onepo.anneal_steps": 4, "advantage": "group",
+          "loss_terms": {"floored_teacher": 1.0}, "surrogate_rows": ("policy",), "reward.name": "verifier"}
 CORRECTION_CONTEXT = {
     "name": MISMATCH,
     **{k: {**MISMATCH, "correction.name": "rollout_correction"}
@@ -376,6 +380,7 @@ CORRECTION_CONTEXT = {
        for k in ("calibrated_tau_hi", "calibrated_tau_lo", "calibrated_sigma_init")},
     "calibrated_eps": {**GENTLE, "correction.name": "calibrated", "correction.calibrated_sigma_init": 0.001},
     "calibrated_max_masked_frac": {**GENTLE, "correction.name": "calibrated", "correction.calibrated_tau_lo": 1.0},
+    **{k: {**MISMATCH, "correction.name": "cis"} for k in ("cis_lambda", "cis_kappa")},
 }
 CORRECTION_FLIPS = {
     "correction.name": {"correction.name": "calibrated"},
@@ -393,6 +398,8 @@ CORRECTION_FLIPS = {
     "correction.calibrated_eps": {"correction.calibrated_eps": 0.001},      # tighter bounds: more truncation
     "correction.calibrated_max_masked_frac": {"correction.calibrated_max_masked_frac": 1.0},  # no row rule
     "correction.calibrated_sigma_init": {"correction.calibrated_sigma_init": 0.001},
+    "correction.cis_lambda": {"correction.cis_lambda": 0.0},                # min(rho, 1)
+    "correction.cis_kappa": {"correction.cis_kappa": 1.0},                  # every cap 1 + lambda
 }
 
 # field -> the flip's overrides; CONTEXT[field]: what the flip needs to act (compared against the context run).
@@ -413,6 +420,9 @@ FLIPS = {
     "onepo.max_accuracy": {"onepo.max_accuracy": 1.0},
     "onepo.teacher_in_baseline": {"onepo.teacher_in_baseline": False},
     "onepo.gamma": {"onepo.gamma": 1.0},
+    "onepo.rule": {"onepo.rule": "huatuo"},
+    "onepo.retire": {"onepo.retire": "linear"},
+    "onepo.floor": {"onepo.floor": 0.001},
     "surrogate_rows": {"surrogate_rows": ("policy",)},
     "prompts_per_step": {"prompts_per_step": 2},
     "group_size": {"group_size": 2},
@@ -460,6 +470,13 @@ CONTEXT = {
     # gives teacher rows in groups with reward variance, where their advantages (and loss) are not 0.
     **{f"onepo.{k}": {**ONEPO, "onepo.max_accuracy": 1.0} for k in ("alpha0", "teacher_in_baseline", "gamma")},
     "onepo.anneal_steps": {"augment": "onepo"},
+    "onepo.rule": ONEPO,
+    # Step 1 of a horizon of 2: the cutoff offers the teacher to every group, the linear schedule to half.
+    "onepo.retire": {**HUATUO, "onepo.anneal_steps": 2, "steps": 2},
+    # A floor below every teacher token's probability (~1/84): no token is low-support, so the second epoch's
+    # ratios are pi / pi_old (clipped), not pi / floor with the rescale. With one update (ratio 1) and A > 0,
+    # the only teacher rows of one iteration, the floor changes nothing (tests/objectives/test_onepo.py).
+    "onepo.floor": HUATUO,
     "surrogate_rows": {"augment": "demonstration"},
     # Dual clip caps the loss of negative-advantage tokens whose ratio rose above it; the nll term makes the
     # first epoch raise every sampled token, so the second epoch has such tokens.
@@ -910,6 +927,25 @@ def test_onepo_with_an_anneal_length_of_zero_is_plain_grpo_exactly():
   onepo, grpo = run_stage(recipe), run_stage({"steps": 2})
   np.testing.assert_array_equal(onepo.delta, grpo.delta)
   assert [r["loss"] for r in onepo.rows] == [r["loss"] for r in grpo.rows]
+
+
+def test_huatuo_replaces_at_most_one_rollout_per_group_until_its_cutoff():
+  """The released rule on the stage: groups keep their size, each holds at most one teacher row (the scripted
+  answer, the group's only reward above 0, so its advantage is the group's largest), which the floored term
+  trains (its counts); from the cutoff (anneal_steps=1) on, no teacher row."""
+  run = run_stage({**HUATUO, "onepo.anneal_steps": 1, "steps": 2})
+  first, second = run.batches
+  source = np.asarray(first.row_source).reshape(PROMPTS, GROUP)
+  teacher = source == ROW_SOURCE["teacher"]
+  assert first.row_source.shape == second.row_source.shape == (PROMPTS * GROUP,)
+  assert (teacher.sum(1) <= 1).all() and teacher.any()
+  assert ((source == ROW_SOURCE["policy"]) | teacher).all()
+  adv = np.asarray(first.advantages)[:, 0].reshape(PROMPTS, GROUP)
+  assert (adv[teacher] > 0).all() and (adv[teacher] == adv[teacher.any(1)].max(1)).all()
+  assert run.rows[0]["floored/teacher_rows"] == teacher.sum() * 2            # summed over the two epochs
+  assert run.rows[0]["floored/low_support_tokens"] > 0
+  assert not (np.asarray(second.row_source) == ROW_SOURCE["teacher"]).any()
+  assert run.rows[1]["floored/teacher_tokens"] == 0
 
 
 def test_onepo_teacher_rows_join_guided_groups_only(monkeypatch):
