@@ -1,42 +1,41 @@
-"""TIPS' tiny experiment (experiments/tips/): a verifier that writes one verdict per step, trained from outcome
-labels only, against one trained on the step labels; ProcessBench's F1 on synthetic running-sum chains.
+"""TIPS' experiment from the pretrained base (experiments/tips/): a step verifier trained from outcome labels only,
+against one trained on the step labels; ProcessBench's F1 on running-difference chains the base never saw.
 
   python launch.py --config=configs/tips.py:supervised --workdir=/tmp/tips/supervised_s0 --config.seed=0
-  python launch.py --config=configs/tips.py:format --workdir=/tmp/tips/format_s0 --config.seed=0
-  python launch.py --config=configs/tips.py:outcome --workdir=/tmp/tips/outcome_s0 --config.seed=0 \
-    --config.model.path=/tmp/tips/format_s0
-  python experiments/tips/run.py --root=/tmp/tips [--seeds=0,1,2]        # all of it
+  python launch.py --config=configs/tips.py:outcome --workdir=/tmp/tips/outcome_s0 --config.seed=0
+  python experiments/tips/run.py --root=/tmp/tips        # the calibration gate (supervised), then outcome
 
-The task `processbench_chains` (rlkit/data/processbench.py): prompt "5+3=8+4=13+2=15>", target "+-+", graded by
-ProcessBench's exact earliest-error match, with four subsets of rising length and 20% of the erroneous chains
-traps (a second error cancels the first: the final answer is right). The verifier is the main job's decoder
-(configs/grpo_arith.py, preset cpu: 0.4M parameters, character tokens), trained from scratch. Arms:
+The base (experiments/base/model) was pretrained on step labels of running-SUM chains ("9+4=13+4=17>" -> "++",
+its step_check skill). The verifier here checks running-DIFFERENCE chains, `processbench_chains` with op="-"
+("40-3=37-4=33>" -> "+-"): the verdict format and subtraction come with the base, a label of a '-' step does
+not. Subsets len3-len5 (3-6 steps, operands up to 49). Both arms start from the base:
 
-  supervised  SFT on every step's true verdict (the upper bound), SUPERVISED_STEPS steps of 64
-  format      SFT_FORMAT_STEPS steps of 64 on all-'+' verdicts: the verdict's form and length, no error
-              information (the start of the outcome arm, evaluated as such)
-  outcome     from `format`, RL_STEPS GRPO iterations (32 chains x 8 verdicts, the main job's settings) with
-              TIPS' outcome-only reward `tips_outcome` (rlkit/rewards/prm.py): 1 when "some step is flagged"
-              equals "the final answer is wrong", which is all the supervision it gets
+  supervised  SFT on every step's true verdict (the upper bound), SUPERVISED_STEPS steps of SFT_BATCH chains
+  outcome     RL_STEPS GRPO iterations (RL_PROMPTS chains x RL_GROUP verdicts, lr RL_LR, one update per
+              iteration, no KL) with TIPS' outcome-only reward `tips_outcome` (rlkit/rewards/prm.py): 1 when
+              "some step is flagged" equals "the final answer is wrong", which is all the supervision it gets
 
-Both arms see the same number of chains: 64 x SUPERVISED_STEPS = 64 x SFT_FORMAT_STEPS + 32 x RL_STEPS. The
-final-answer baseline (flag the last step iff the final answer is wrong) needs no training: run.py scores it on
-the same held-out chains. Evaluation: 500 held-out chains, greedy, `eval/processbench/f1` (and per subset),
-`eval/processbench_nontrap/f1`, `eval/processbench_traps/accuracy`.
+Both see the same number of chains: SFT_BATCH x SUPERVISED_STEPS = RL_PROMPTS x RL_STEPS. The base itself (each
+run's evaluation at its start) and the final-answer checker (run.py scores it) are the floors. Evaluation: 500
+held-out chains, greedy, `eval/processbench/f1` (and per subset), `eval/processbench_nontrap/f1`,
+`eval/processbench_traps/accuracy`.
 """
-from rlkit.train.config import sibling_config
+from rlkit.train.config import base_config, sft_defaults
+from rlkit.train.rl_config import rl_defaults
 
-grpo_arith = sibling_config(__file__, "grpo_arith")
-
-SUPERVISED_STEPS = 250
-SFT_FORMAT_STEPS = 100
-RL_STEPS = 300
-EVAL_EVERY = 50
+BASE_MODEL = "experiments/base/model"   # the pretrained base (experiments/base/README.md), from the repository root
+OP = "-"                   # running differences: step labels the base never saw
+SUBSETS = ("len3", "len4", "len5")
+SUPERVISED_STEPS = 125
+SFT_BATCH = 32
+RL_STEPS = 250
+RL_PROMPTS = 16
+RL_GROUP = 8
+RL_LR = 1e-4
+EVAL_EVERY = 25            # SFT steps and RL iterations alike
 PRESETS = {
-    "supervised": f"SFT on the step labels, {SUPERVISED_STEPS} steps (the upper bound)",
-    "format": f"SFT on all-'+' verdicts, {SFT_FORMAT_STEPS} steps (format only)",
-    "outcome": f"{RL_STEPS} RL iterations with the outcome-only reward, from a `format` checkpoint",
-    "test": "seconds: a tiny model, 4 format SFT steps then 2 RL iterations (the tests use it)",
+    "supervised": f"SFT from the base on the step labels, {SUPERVISED_STEPS} steps (the upper bound; the gate)",
+    "outcome": f"{RL_STEPS} RL iterations from the base with the outcome-only reward",
 }
 
 
@@ -44,33 +43,39 @@ def get_config(arg=None):
   preset = arg or "outcome"
   if preset not in PRESETS:
     raise ValueError(f"Unknown preset {preset!r} for tips; choose one of {', '.join(PRESETS)}.")
-  c = grpo_arith.get_config("test" if preset == "test" else "cpu")
-  c.wandb.mode = "disabled"
+  c = base_config()
+  c.model.path = BASE_MODEL
+  c.tokenizer.kind = "hf"            # the model folder's tokenizer (tokenizer.path "")
   c.task.name = "processbench_chains"
-  c.task.kwargs = {"sft_target": "steps" if preset == "supervised" else "format"}
-  c.data.max_prompt_len = 64         # BOS + the longest chain (59 characters)
-  c.sft.max_len = 76                 # prompt, 8 verdicts and the end token
-  c.sft.stop_at_loss = 0.0
-  c.rl.max_new_tokens = 9
-  c.rl.reward.name = "tips_outcome"
-  c.rl.eval_every = EVAL_EVERY
-  c.eval.max_new_tokens = 9
+  c.task.kwargs = {"op": OP, "subsets": SUBSETS, "sft_target": "steps"}
+  c.data.num_train = 8_000
+  c.data.num_test = 500
+  c.data.max_prompt_len = 48         # BOS + the longest chain (45 characters, at most a token each)
+  c.eval.num_examples = 500
+  c.eval.batch_size = 500
+  c.eval.max_new_tokens = 8          # up to 6 verdicts (fewer tokens where the tokenizer merged them) and the end
   c.eval.pass_k = 0
   c.eval.by_category = True          # greedy accuracy per subset
-  if preset == "test":
-    c.data.max_prompt_len = 40
-    c.sft.max_len = 52
-    c.task.kwargs.subsets = ("len3", "len4")
-    c.rl.steps = 2
-    c.rl.eval_every = 0
-    return c
-  c.checkpoint.every = 100
-  if preset in ("supervised", "format"):
+  c.checkpoint.every = 0             # the stage's last checkpoint only
+  c.wandb.mode = "disabled"
+  if preset == "supervised":
     c.stages = ("sft",)
-    c.sft.steps = SUPERVISED_STEPS if preset == "supervised" else SFT_FORMAT_STEPS
+    c.sft = sft_defaults()
+    c.sft.steps = SUPERVISED_STEPS
+    c.sft.batch_size = SFT_BATCH
+    c.sft.max_len = 56               # prompt, verdicts and the end token
     c.sft.eval_every = EVAL_EVERY
+    c.sft.optimizer.lr = 3e-4
+    c.sft.optimizer.warmup_steps = 10
+    c.sft.optimizer.schedule = "cosine"
     return c
-  c.model.path = "REQUIRED:--config.model.path=<the seed's format workdir>"   # fails validation until set
   c.stages = ("rl",)
+  c.rl = rl_defaults()
   c.rl.steps = RL_STEPS
+  c.rl.prompts_per_step = RL_PROMPTS
+  c.rl.group_size = RL_GROUP
+  c.rl.max_new_tokens = 8
+  c.rl.reward.name = "tips_outcome"
+  c.rl.eval_every = EVAL_EVERY
+  c.rl.optimizer.lr = RL_LR
   return c

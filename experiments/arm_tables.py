@@ -45,6 +45,33 @@ def load_with_training(path: str, keys, last=()) -> dict:
   return run
 
 
+def first_eval(path: str) -> float:
+  """The held-out accuracy a run from a loaded model measured before its first update (its first eval row, marked
+  `at_stage_start`), or nan (no such row: a run from scratch, or none yet)."""
+  from rlkit.train.stages import AT_STAGE_START
+  file = os.path.join(path, "metrics.jsonl")
+  rows = [r for r in read_metrics(file) if "eval/accuracy" in r] if os.path.exists(file) else []
+  return rows[0]["eval/accuracy"] if rows and rows[0].get(AT_STAGE_START) else np.nan
+
+
+def load_from_start(path: str, keys, last=()) -> dict:
+  """`load_with_training`, with the evaluation a run from a loaded model makes before its first update (its stage's
+  first eval row, marked `at_stage_start` by rlkit.train.stages) at step 0: each curve then starts at the arm's
+  own starting point. The training metrics have no value there (NaN)."""
+  from rlkit.train.stages import AT_STAGE_START
+  run = load_with_training(path, keys, last)
+  config = read_json(os.path.join(path, "config.json"))
+  stage, offset = config["stages"][-1], sum(config[s]["steps"] for s in config["stages"][:-1])
+  first = next((r for r in read_metrics(os.path.join(path, "metrics.jsonl"))
+                if r.get("stage") == stage and "eval/accuracy" in r), None)
+  if first is not None and first.get(AT_STAGE_START) and run["steps"] and run["steps"][0] == first["step"] - offset:
+    run["steps"][0] = 0
+    for key in keys:
+      if not key.startswith("eval/"):
+        run["values"][key][0] = np.nan
+  return run
+
+
 def over_seeds(columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Per column (one value per seed, NaN where the seed has none): the mean, min and max over the seeds that have
   a value, and NaN for a column none has (a metric an arm does not log, an evaluation a seed has not reached yet),

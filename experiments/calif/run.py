@@ -1,31 +1,116 @@
-"""Driver of experiments/calif: one SFT run (the base policy) per seed, then every arm from its checkpoint.
+"""Driver of experiments/calif: the base policy per seed (SFT from the pretrained base), the calibration gate on it,
+then every arm from its seed's checkpoint; the archive.
 
-  python experiments/calif/run.py --root=/tmp/calif                       # 3 seeds x 3 arms
-  python experiments/calif/run.py --root=DIR --seeds=0 --arms=calif
-  python experiments/calif/summarize.py --root=DIR                        # the tables and plot
+  python experiments/calif/run.py --root=/tmp/calif                       # 3 seeds: SFT, gate, 4 arms, archive
+  python experiments/calif/run.py --root=DIR --arms=                      # the SFT runs and the gate only
+  python experiments/calif/run.py --root=DIR --dry_run                    # print the commands only
+  python experiments/calif/summarize.py --root=experiments/calif/runs     # the tables, from the archive
 
-Each run is one `launch.py` subprocess (configs/calif.py) into its own workdir: DIR/sft_s<seed> and
-DIR/<arm>_s<seed>, started from DIR/sft_s<seed> with the same seed; the `calif` arm also gets it as its frozen
-reference (`models.reference.path`). Finished workdirs are skipped, unfinished ones resumed
+1. `configs/calif.py:sft` per seed into DIR/sft_s<seed>. 2. The calibration gate (`gate_checks`, README
+"Calibration gate") on each seed's SFT policy: its greedy accuracy and instruction-following rate (its own final
+evaluation) and its following rate when sampled at temperature 1 on the held-out prompts; written to
+DIR/gate.json. If it fails, no arm runs and the driver exits GATE_FAILED (2) after archiving what ran. 3. Every arm
+into DIR/<arm>_s<seed>, from DIR/sft_s<seed> with the same seed; the `calif` arm also gets it as its frozen
+reference (`models.reference.path`). 4. The archive (experiments/archive.py; `--archive`, default
+experiments/calif/runs, '' for none, e.g. a smoke run): each finished workdir's config.json and its metrics cut to
+KEYS, DIR/gate.json and the wall records.
+
+Each run is one `launch.py` subprocess; finished workdirs are skipped, unfinished ones resumed
 (experiments/driver.py); DIR/runs.jsonl gets each command's wall time. `--lock=PATH` runs every launch under
-`flock PATH`.
+`flock PATH`. `--base=PATH` replaces the pretrained base the SFT runs start from (e.g. a stand-in for a smoke run).
 """
+import argparse
 import os
 import sys
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from configs.calif import ARMS  # noqa: E402
-from experiments.driver import parse_args, run_from_sft  # noqa: E402
+from configs.calif import ARMS, BASE, GATE, get_config  # noqa: E402
+from experiments.driver import finished, launch, report  # noqa: E402
+from experiments.gate import (GATE_FAILED, archive_with_gate, check, parse_driver_args, read_gate,  # noqa: E402
+                              record_gate)
+
+CONFIG = "configs/calif.py"
+ARCHIVE = "experiments/calif/runs"
+# What summarize.py reads of a workdir (experiments/archive.py keys: a key ending in "/" is a prefix).
+KEYS = ["stage", "step", "step_s", "at_stage_start", "eval/", "reward", "reward/", "accuracy", "response_len"]
 
 
 def reference(arm: str, sft: str) -> list:
+  """The `calif` arm's frozen reference: its seed's SFT policy."""
   return [f"--config.models.reference.path={sft}"] if arm == "calif" else []
 
 
-def main(argv=None) -> int:
-  return run_from_sft(parse_args(__doc__, "/tmp/calif", ARMS, argv), "calif", "configs/calif.py", reference)
+def measure(sft: str, seed: int) -> dict:
+  """The gate's numbers of one seed's SFT policy: greedy (its final evaluation, and the base's before its first
+  step) and sampled (GATE["samples"] completions of each held-out prompt at temperature 1 within the arms'
+  completion budget)."""
+  from experiments.held_out import sample_held_out, start_and_end
+  start, end = start_and_end(sft)
+  task, examples, by_t = sample_held_out(sft, get_config("constraints").rl.max_new_tokens, samples=GATE["samples"],
+                                         seed=seed)
+  completions = by_t[1.0]
+  counts = [task.eval_counts(e, c) for sample in completions for e, c in zip(examples, sample)]
+  return {"accuracy": end["eval/accuracy"], "follow": end.get("eval/constraint/satisfied", np.nan),
+          "base_accuracy": start.get("eval/accuracy", np.nan),
+          "base_follow": start.get("eval/constraint/satisfied", np.nan),
+          "sampled_follow": float(np.mean([c["constraint/satisfied"] for c in counts])),
+          "sampled_accuracy": float(np.mean([task.verify(c, e["answer"]) for sample in completions
+                                             for e, c in zip(examples, sample)])),
+          "sampled_both": float(np.mean([c["constraint/both"] for c in counts]))}
+
+
+def gate_checks(measured: dict) -> list:
+  """The README's gate on every seed's measured numbers ({seed: `measure`'s dict})."""
+  low, high = GATE["follow"]
+  checks = []
+  for seed, m in measured.items():
+    checks += [check(f"s{seed}: SFT accuracy (greedy)", m["accuracy"], low=GATE["min_accuracy"]),
+               check(f"s{seed}: SFT following rate (greedy)", m["follow"], high=GATE["max_greedy_follow"]),
+               check(f"s{seed}: SFT following rate (sampled)", m["sampled_follow"], low=low, high=high)]
+  return checks
+
+
+def main(argv=None, measure_fn=measure) -> int:
+  p = argparse.ArgumentParser(add_help=False)
+  p.add_argument("--base", default=BASE)
+  known, rest = p.parse_known_args(argv)
+  args, failed = parse_driver_args(__doc__, "/tmp/calif", ARMS, ARCHIVE, rest), []
+
+  def run(name, seed, preset, overrides):
+    path = os.path.join(args.root, f"{name}_s{seed}")
+    if launch(args.root, path, f"{CONFIG}:{preset}", [f"--config.seed={seed}", *overrides], args.lock,
+              args.dry_run, "calif", name=name, seed=seed):
+      failed.append(path)
+
+  def archive():
+    if args.archive and not args.dry_run:
+      names = archive_with_gate(args.root, args.archive, KEYS)
+      print(f"[calif] archived {len(names)} workdir(s) into {args.archive}", flush=True)
+
+  # 1-2. The SFT policies and the gate on them.
+  for seed in args.seeds:
+    run("sft", seed, "sft", [f"--config.model.path={known.base}"])
+  if failed:
+    return report("calif", failed)
+  sfts = {seed: os.path.join(args.root, f"sft_s{seed}") for seed in args.seeds}
+  if all(finished(path) for path in sfts.values()):
+    kept = (read_gate(args.root) or {}).get("measured", {})      # a rerun reads the numbers it measured
+    measured = {seed: kept[str(seed)] if str(seed) in kept else measure_fn(path, seed) for seed, path in sfts.items()}
+    if not record_gate(args.root, "calif", gate_checks(measured), measured=measured):
+      archive()
+      return GATE_FAILED
+  else:
+    print("[calif] gate: not evaluated (dry run: its runs have not run)", flush=True)
+  # 3-4. Every arm, the archive.
+  for seed in args.seeds:
+    for arm in args.arms:
+      run(arm, seed, arm, [f"--config.model.path={sfts[seed]}", *reference(arm, sfts[seed])])
+  archive()
+  return report("calif", failed)
 
 
 if __name__ == "__main__":

@@ -1,42 +1,103 @@
-"""Driver of experiments/rquest: per seed, the solver's and the proposer's SFT runs, then every arm from both.
+"""Driver of experiments/rquest: the calibration gate's run (the base, frozen, in the rquest stage), the gate,
+then every arm and seed from the base.
 
-  python experiments/rquest/run.py --root=/tmp/rquest                      # 3 seeds x 2 arms
-  python experiments/rquest/run.py --root=DIR --seeds=0 --arms=rquest
-  python experiments/rquest/summarize.py --root=DIR                        # the tables and plot
+  python experiments/rquest/run.py --root=/tmp/rquest                  # gate, then 4 arms x 3 seeds
+  python experiments/rquest/run.py --root=DIR --seeds=0 --arms=rquest,rquest_checker
+  python experiments/rquest/run.py --root=DIR --dry_run                # print the commands only
+  python experiments/rquest/summarize.py --root=experiments/rquest/runs   # the tables and plot, from the archive
 
-Each run is one `launch.py` subprocess (configs/rquest.py) into its own workdir: DIR/solver_sft_s<seed>,
-DIR/proposer_sft_s<seed> and DIR/<arm>_s<seed>, which starts its solver from the first (`model.path`) and its
-proposer from the second (`models.proposer.path`) with the same seed. Finished workdirs are skipped, unfinished
-ones resumed (experiments/driver.py); DIR/runs.jsonl gets each command's wall time. `--lock=PATH` runs every
-launch under `flock PATH`.
+Each run is one `launch.py` subprocess (configs/rquest.py) into its own workdir, solver and proposer both the
+base. In order:
+1. DIR/gate_s<first seed>: `gate`, GATE_STEPS iterations of the stage with every weight frozen;
+2. the gate (README): G1 the base solver's held-out accuracy, G2 the share of valid questions the base
+   proposer writes in the stage, G3 the share of majority labels that are right (label noise to separate),
+   G4 the projected minutes of the whole set from the gate's timing. DIR/gate.json records it; when it fails
+   the driver stops here (exit 2);
+3. every arm and seed: DIR/<arm>_s<seed>.
+Finished workdirs are skipped, unfinished ones resumed (experiments/driver.py); DIR/runs.jsonl gets each
+command's wall time; `--lock=PATH` runs every launch under `flock PATH`. At the end the finished workdirs (cut to
+what summarize.py reads) and gate.json are archived into `--archive` (default experiments/rquest/runs; ''
+skips).
 """
 import os
 import sys
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from configs.rquest import ARMS  # noqa: E402
-from experiments.driver import launch, parse_args, report  # noqa: E402
+from configs.rquest import ARMS, GATE_STEPS, STEPS  # noqa: E402
+from experiments.driver import command_walls, launch, report  # noqa: E402
+from experiments.gate import GATE_FAILED, archive_with_gate, check, parse_driver_args, record_gate  # noqa: E402
+from rlkit.train.metrics import read_metrics  # noqa: E402
+
+ARCHIVE = "experiments/rquest/runs"
+KEYS = ("stage", "step", "step_s", "at_stage_start", "eval/", "reward", "rquest/", "proposer/reward")
+# The gate (README "Calibration gate").
+SOLVER_RANGE = (0.15, 0.85)    # G1: room to improve, and majority labels not hopeless
+VALID_MIN = 0.5                # G2
+LABEL_CORRECT_MAX = 0.9        # G3: majority labels wrong often enough for the checker's to differ
+BUDGET_MAX_MIN = 135.0         # G4: 1.5 x the 90-minute budget
+
+
+def gate_measures(path: str) -> dict:
+  """What the gate reads of the gate's run: the base solver's held-out accuracy (the evaluation at the start),
+  the valid share and majority-label accuracy over its iterations, and its timing (seconds per iteration: the
+  median after the first, which compiles; the rest of the command's wall is the overhead a run pays once)."""
+  rows = read_metrics(os.path.join(path, "metrics.jsonl"))
+  start = next((r for r in rows if r.get("at_stage_start")), {})
+  train = [r for r in rows if "step_s" in r]
+  per_step = float(np.median([r["step_s"] for r in train[1:]])) if len(train) > 1 else np.nan
+  wall = command_walls(os.path.dirname(path)).get(path, np.nan)
+  return {"solver": start.get("eval/accuracy", np.nan), "proposer_greedy": start.get("eval/propose/accuracy", np.nan),
+          "valid": 1.0 - np.mean([r["rquest/invalid"] for r in train]) if train else np.nan,
+          "label_correct": np.mean([r["rquest/label_correct"] for r in train]) if train else np.nan,
+          "step_s": per_step, "overhead_s": wall - (GATE_STEPS - 1) * per_step}
+
+
+def gate_checks(m: dict, runs: int) -> list:
+  arm_s = m["overhead_s"] + (STEPS - 1) * m["step_s"]
+  return [check("base solver: held-out greedy accuracy", m["solver"], *SOLVER_RANGE),
+          check("base proposer: valid share in the stage (temperature 1)", m["valid"], low=VALID_MIN),
+          check("majority labels right (valid questions)", m["label_correct"], high=LABEL_CORRECT_MAX),
+          check("projected minutes of the whole set", (m["overhead_s"] + GATE_STEPS * m["step_s"] + runs * arm_s) / 60,
+                high=BUDGET_MAX_MIN)]
 
 
 def main(argv=None) -> int:
-  args, failed = parse_args(__doc__, "/tmp/rquest", ARMS, argv), []
+  args = parse_driver_args(__doc__, "/tmp/rquest", ARMS, ARCHIVE, argv)
+  failed = []
+
+  def run(name: str, preset: str, seed: int) -> bool:
+    path = os.path.join(args.root, name)
+    if launch(args.root, path, f"configs/rquest.py:{preset}", [f"--config.seed={seed}"], args.lock, args.dry_run,
+              "rquest", name=name, seed=seed):
+      failed.append(path)
+      return False
+    return True
+
+  gate = f"gate_s{args.seeds[0]}"
+  if not run(gate, "gate", args.seeds[0]):
+    return finish(args, failed)
+  if args.dry_run:
+    print("[rquest] dry run: the gate is checked here", flush=True)
+  else:
+    measures = gate_measures(os.path.join(args.root, gate))
+    if not record_gate(args.root, "rquest", gate_checks(measures, len(args.arms) * len(args.seeds)),
+                       measures=measures):
+      finish(args, failed)
+      return GATE_FAILED
   for seed in args.seeds:
-    base = {}
-    for model in ("solver", "proposer"):
-      base[model] = path = os.path.join(args.root, f"{model}_sft_s{seed}")
-      if launch(args.root, path, f"configs/rquest.py:{model}_sft", [f"--config.seed={seed}"], args.lock,
-                args.dry_run, "rquest", name=f"{model}_sft", seed=seed):
-        failed.append(path)
-    if len(base) != 2 or any(p in failed for p in base.values()):
-      continue
     for arm in args.arms:
-      path = os.path.join(args.root, f"{arm}_s{seed}")
-      if launch(args.root, path, f"configs/rquest.py:{arm}", [f"--config.seed={seed}", f"--config.model.path="
-                f"{base['solver']}", f"--config.models.proposer.path={base['proposer']}"], args.lock, args.dry_run,
-                "rquest", name=arm, seed=seed):
-        failed.append(path)
+      run(f"{arm}_s{seed}", arm, seed)
+  return finish(args, failed)
+
+
+def finish(args, failed: list) -> int:
+  if args.archive and not args.dry_run:
+    names = archive_with_gate(args.root, args.archive, list(KEYS))
+    print(f"[rquest] archived {len(names)} workdir(s) into {args.archive}", flush=True)
   return report("rquest", failed)
 
 

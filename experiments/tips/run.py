@@ -1,27 +1,42 @@
-"""Driver of experiments/tips: per seed, the supervised verifier, the format-only start and the outcome-only RL
-verifier from it, and the final-answer baseline scored on the same held-out chains.
+"""Driver of experiments/tips: the final-answer baseline and the supervised verifier of every seed (the
+calibration gate), then the outcome-only RL verifier of every seed.
 
-  python experiments/tips/run.py --root=/tmp/tips                         # 3 seeds x 3 runs + the baseline
-  python experiments/tips/run.py --root=DIR --seeds=0 --arms=supervised
-  python experiments/tips/summarize.py --root=DIR                         # the tables and plot
+  python experiments/tips/run.py --root=/tmp/tips                         # gate, then 3 seeds of outcome
+  python experiments/tips/run.py --root=DIR --dry_run                     # print the commands only
+  python experiments/tips/summarize.py --root=experiments/tips/runs       # the tables and plot, from the archive
 
-Each run is one `launch.py` subprocess (configs/tips.py) into DIR/<arm>_s<seed>; `outcome` starts from
-DIR/format_s<seed> with the same seed. Finished workdirs are skipped, unfinished ones resumed
-(experiments/driver.py); DIR/runs.jsonl gets each command's wall time. `--lock=PATH` runs every launch under
-`flock PATH`. The final-answer baseline needs no model: DIR/final_answer_s<seed>.json holds its eval metrics on
-the first eval.num_examples chains of the seed's test split, the chains every arm is evaluated on.
+Each run is one `launch.py` subprocess (configs/tips.py) into DIR/<arm>_s<seed>, from the base. In order:
+1. DIR/final_answer_s<seed>.json: the final-answer checker's eval metrics on the held-out chains of the seed
+   (the first eval.num_examples of its test split, the chains every run is evaluated on); no model;
+2. `supervised` of every seed: the gate's runs (also the upper-bound arm);
+3. the gate (README): G1 every seed's supervised F1 at least GATE_MARGIN above its final-answer baseline; G2
+   the supervised F1 at least GATE_MARGIN above the base's own (the run's evaluation at its start), on the
+   mean over seeds. DIR/gate.json records it; when it fails the driver stops here (exit 2);
+4. `outcome` of every seed.
+Finished workdirs are skipped, unfinished ones resumed (experiments/driver.py); DIR/runs.jsonl gets each
+command's wall time; `--lock=PATH` runs every launch under `flock PATH`. At the end the finished workdirs (cut to
+what summarize.py reads), the baselines and gate.json are archived into `--archive` (default
+experiments/tips/runs; '' skips).
 """
 import json
 import os
 import sys
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from configs.tips import get_config  # noqa: E402
-from experiments.driver import launch, parse_args  # noqa: E402
+from experiments.driver import launch, read_json, report  # noqa: E402
+from experiments.gate import GATE_FAILED, archive_with_gate, check, parse_driver_args, record_gate  # noqa: E402
+from rlkit.train.metrics import read_metrics  # noqa: E402
 
-ARMS = ("supervised", "format", "outcome")
+ARMS = ("supervised", "outcome")
+ARCHIVE = "experiments/tips/runs"
+KEYS = ("stage", "step", "step_s", "at_stage_start", "eval/", "reward", "entropy", "response_len")
+F1 = "eval/processbench/f1"
+GATE_MARGIN = 10.0         # F1 points (ProcessBench's F1 is in percent)
 
 
 def final_answer_metrics(seed: int) -> dict:
@@ -44,25 +59,62 @@ def final_answer_metrics(seed: int) -> dict:
           **{f"eval/{k}": v for k, v in task.eval_metrics(totals).items()}}
 
 
+def f1_at(path: str, start: bool) -> float:
+  """The run's ProcessBench F1 at its start (the base) or at its last evaluation; NaN without one."""
+  evals = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if F1 in r
+           and bool(r.get("at_stage_start")) == start]
+  return float(evals[-1][F1]) if evals else np.nan
+
+
+def gate_checks(root: str, seeds) -> list:
+  """G1 per seed and G2 on the mean over seeds (module docstring)."""
+  checks, room = [], []
+  for seed in seeds:
+    path = os.path.join(root, f"supervised_s{seed}")
+    baseline = os.path.join(root, f"final_answer_s{seed}.json")
+    floor = read_json(baseline)[F1] if os.path.exists(baseline) else np.nan
+    checks.append(check(f"s{seed}: supervised F1 - final-answer F1", f1_at(path, False) - floor, low=GATE_MARGIN))
+    room.append(f1_at(path, False) - f1_at(path, True))
+  checks.append(check("supervised F1 - the base's F1 (mean over seeds)", np.mean(room), low=GATE_MARGIN))
+  return checks
+
+
 def main(argv=None) -> int:
-  args = parse_args(__doc__, "/tmp/tips", ARMS, argv)
-  os.makedirs(args.root, exist_ok=True)
+  args = parse_driver_args(__doc__, "/tmp/tips", ARMS, ARCHIVE, argv)
   failed = []
+
+  def run(arm: str, seed: int) -> None:
+    path = os.path.join(args.root, f"{arm}_s{seed}")
+    if launch(args.root, path, f"configs/tips.py:{arm}", [f"--config.seed={seed}"], args.lock, args.dry_run,
+              "tips", name=arm, seed=seed):
+      failed.append(path)
+
   for seed in args.seeds:
     path = os.path.join(args.root, f"final_answer_s{seed}.json")
     if not args.dry_run and not os.path.exists(path):
       with open(path + ".tmp", "w") as f:
         json.dump(final_answer_metrics(seed), f, indent=1)
       os.replace(path + ".tmp", path)
-    for arm in args.arms:
-      workdir = os.path.join(args.root, f"{arm}_s{seed}")
-      extra = [f"--config.model.path={os.path.join(args.root, f'format_s{seed}')}"] if arm == "outcome" else []
-      if launch(args.root, workdir, f"configs/tips.py:{arm}", [f"--config.seed={seed}", *extra], args.lock,
-                args.dry_run, "tips", name=arm, seed=seed):
-        failed.append(workdir)
+    run("supervised", seed)               # the gate's runs, whatever --arms says
   if failed:
-    print(f"[tips] failed: {', '.join(failed)}", flush=True)
-  return 1 if failed else 0
+    return finish(args, failed)
+  if args.dry_run:
+    print("[tips] dry run: the gate is checked here", flush=True)
+  elif not record_gate(args.root, "tips", gate_checks(args.root, args.seeds)):
+    finish(args, failed)
+    return GATE_FAILED
+  if "outcome" in args.arms:
+    for seed in args.seeds:
+      run("outcome", seed)
+  return finish(args, failed)
+
+
+def finish(args, failed: list) -> int:
+  if args.archive and not args.dry_run:
+    names = archive_with_gate(args.root, args.archive, list(KEYS),
+                              files=tuple(f"final_answer_s{s}.json" for s in args.seeds))
+    print(f"[tips] archived {len(names)} workdir(s) into {args.archive}", flush=True)
+  return report("tips", failed)
 
 
 if __name__ == "__main__":

@@ -1,39 +1,87 @@
-"""Summarise experiments/tips: the results tables (markdown, printed) and a PNG of the curves.
+"""Summarise experiments/tips: the gate, the tables and verdicts (markdown, printed) and a PNG of the curves.
 
-  python experiments/tips/summarize.py --root=/tmp/tips [--seeds=0,1,2] [--out=DIR|FILE.png]
+  python experiments/tips/summarize.py --root=experiments/tips/runs [--seeds=0,1,2] [--out=DIR|FILE.png]
 
-Reads every DIR/<arm>_s<seed> that exists and DIR/final_answer_s<seed>.json (the final-answer baseline on the
-same held-out chains); the metrics are those the README pre-registered (experiments/arm_tables.py).
-The plot goes to DIR/curves.png, or where --out says.
+Reads the archive (or a driver's root): gate.json, DIR/final_answer_s<seed>.json (the final-answer baseline on
+the same held-out chains), every DIR/<arm>_s<seed> (experiments/arm_tables.py; a run's first evaluation, at its
+start, is the base's) and prints the pre-registered verdicts (README), per seed where they are paired. The plot
+goes to DIR/curves.png, or where --out says.
 """
 import argparse
 import os
 import sys
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from experiments.arm_tables import summarize  # noqa: E402
 from experiments.driver import add_summary_args, read_json, spread, summary_path  # noqa: E402
-from experiments.tips.run import ARMS  # noqa: E402
+from experiments.gate import gate_table  # noqa: E402
+from experiments.tips.run import ARMS, GATE_MARGIN  # noqa: E402
+from rlkit.train.metrics import read_metrics  # noqa: E402
 
 METRICS = {"ProcessBench F1": "eval/processbench/f1", "non-trap F1": "eval/processbench_nontrap/f1",
            "traps found": "eval/processbench_traps/accuracy", "exact match": "eval/accuracy"}
+TARGET_RATIO = 0.8         # the issue's target: outcome's non-trap F1 >= 0.8 x supervised's
+
+
+def base_row(root: str, seed: int):
+  """The base's evaluation: the supervised run's first, at its start."""
+  rows = [r for r in read_metrics(os.path.join(root, f"supervised_s{seed}", "metrics.jsonl"))
+          if r.get("at_stage_start")]
+  return rows[0] if rows else None
+
+
+def verdicts(runs: dict, baseline: dict, base: dict, seeds) -> None:
+  """The README's predictions 2-4, from each arm's last evaluation (prediction 1 is the gate)."""
+  last = {arm: {s: {k: r["values"][k][-1] for k in METRICS.values()} for s, r in by.items() if r["steps"]}
+          for arm, by in runs.items()}
+  sup, out = last.get("supervised", {}), last.get("outcome", {})
+  paired = [s for s in seeds if s in sup and s in out]
+  print("\nVerdicts (README; per seed: outcome vs supervised, the final-answer baseline and the base)\n")
+  if not paired:
+    print("outcome not run: no verdicts (see the gate).")
+    return
+  nontrap = METRICS["non-trap F1"]
+  f1, traps = METRICS["ProcessBench F1"], METRICS["traps found"]
+  print("| seed | outcome non-trap F1 / supervised | outcome F1 - final-answer F1 | outcome F1 - base F1 | "
+        "traps: outcome - supervised |\n|---|---|---|---|---|")
+  for s in paired:
+    ratio = out[s][nontrap] / sup[s][nontrap] if sup[s][nontrap] else np.nan
+    print(f"| {s} | {ratio:.3f} | {out[s][f1] - baseline.get(s, {}).get(f1, np.nan):+.1f} | "
+          f"{out[s][f1] - base.get(s, {}).get(f1, np.nan):+.1f} | {out[s][traps] - sup[s][traps]:+.3f} |")
+  mean = lambda arm, k: float(np.mean([arm[s][k] for s in paired]))   # noqa: E731
+  ratio = mean(out, nontrap) / mean(sup, nontrap) if mean(sup, nontrap) else np.nan
+  above_floor = mean(out, f1) - np.mean([baseline.get(s, {}).get(f1, np.nan) for s in paired])
+  above_base = all(out[s][f1] > base.get(s, {}).get(f1, np.nan) for s in paired)
+  print(f"\n2. outcome's non-trap F1 >= {TARGET_RATIO} x supervised's (means over seeds): ratio {ratio:.3f}, "
+        f"{'met' if ratio >= TARGET_RATIO else 'not met'}")
+  print(f"3. outcome above the final-answer baseline by > {GATE_MARGIN:g} points (mean) and above the base in every "
+        f"seed: {above_floor:+.1f} points, {'above' if above_base else 'not above'} the base in every seed: "
+        f"{'supported' if above_floor > GATE_MARGIN and above_base else 'not supported'}")
+  print(f"4. on traps outcome below supervised (means): {mean(out, traps):.3f} vs {mean(sup, traps):.3f}: "
+        f"{'supported' if mean(out, traps) < mean(sup, traps) else 'not supported'}")
 
 
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="/tmp/tips")
+  p.add_argument("--root", default="experiments/tips/runs")
   p.add_argument("--seeds", default="0,1,2")
   add_summary_args(p)
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
-  baseline = [read_json(path) for path in (os.path.join(args.root, f"final_answer_s{s}.json") for s in seeds)
-              if os.path.exists(path)]
-  if baseline:
-    print("| final-answer baseline | " + " | ".join(METRICS) + " |\n|---|" + "---|" * len(METRICS))
-    print(f"| seeds {','.join(str(b['seed']) for b in baseline)} | " +
-          " | ".join(spread([b.get(k, float('nan')) for b in baseline]) for k in METRICS.values()) + " |\n")
-  summarize(args.root, ARMS, seeds, METRICS, summary_path(args.out, args.root, "curves.png"), "tips", base="")
+  print("\n".join(gate_table(args.root)) + "\n")
+  baseline = {s: read_json(path) for s in seeds
+              if os.path.exists(path := os.path.join(args.root, f"final_answer_s{s}.json"))}
+  base = {s: row for s in seeds if (row := base_row(args.root, s))}
+  for name, rows in (("final-answer baseline", baseline), ("the base (no training)", base)):
+    if rows:
+      print(f"| {name} | seeds | " + " | ".join(METRICS) + " |\n|---|---|" + "---|" * len(METRICS))
+      print(f"| | {','.join(map(str, rows))} | " +
+            " | ".join(spread([r.get(k, np.nan) for r in rows.values()]) for k in METRICS.values()) + " |\n")
+  runs = summarize(args.root, ARMS, seeds, METRICS, summary_path(args.out, args.root, "curves.png"), "tips", base="")
+  verdicts(runs, baseline, base, seeds)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
 """Summarise experiments/xtok_opd: the results tables (markdown, printed) and a PNG of the curves.
 
-  python experiments/xtok_opd/summarize.py --root=/tmp/xtok_opd [--seeds=0,1,2] [--out=DIR|FILE.png]
+  python experiments/xtok_opd/summarize.py --root=experiments/xtok_opd/runs [--seeds=0,1,2] [--out=DIR|FILE.png]
 
-Reads DIR/teacher_s<seed>, DIR/student_s<seed> and every DIR/<arm>_s<seed> that exists. Printed: the base models
-per seed (the teacher at the end and at STUDENT_SFT_STEPS, which is the same-tokenizer student, and the
-cross-tokenizer student), then experiments/arm_tables.py's final table and curves, each arm's curve starting at
-step 0 from its own student's accuracy; the alignment metrics are training metrics, shown at each evaluation as
-their mean over the iterations since the previous one. Last, the pre-registered comparisons, paired within each
-seed (README.md): final accuracy differences aligned - spans and both - aligned, each arm's gain over its own
-student, and gap recovery (acc - student) / (teacher - student). The plot goes to DIR/curves.png, or where --out
-says.
+Reads what the driver archives (run.py; experiments/archive.py), or the driver's own root: ROOT/gate.json,
+ROOT/runs.jsonl (command walls), ROOT/teacher_s<seed>, ROOT/student_b_s<seed>, ROOT/student_d_s<seed> and every
+ROOT/<arm>_s<seed> that exists (config.json, metrics.jsonl). Printed: the calibration gate, the base models per
+seed (the teacher, student B, student D), then experiments/arm_tables.py's final table and curves, each arm's
+curve starting at step 0 from its own evaluation before the first update (its student's accuracy); the alignment
+metrics are training metrics, shown at each evaluation as their mean over the iterations since the previous one.
+Last, the pre-registered comparisons, paired within each seed (README.md): final accuracy differences aligned -
+spans, both - aligned and both - spans with their verdicts, each arm's gain over its own student, and gap recovery
+(acc - student) / (teacher - student). The plot goes to ROOT/curves.png, or where --out says.
 """
 import argparse
 import os
@@ -19,40 +20,28 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from configs.xtok_opd import ARMS, STUDENT_SFT_STEPS  # noqa: E402
-from experiments.arm_tables import load_with_training, summarize  # noqa: E402
-from experiments.driver import add_summary_args, last_eval, spread, summary_path  # noqa: E402
-from rlkit.train.metrics import read_metrics  # noqa: E402
+from configs.xtok_opd import ARMS  # noqa: E402
+from experiments.arm_tables import first_eval, load_from_start, summarize  # noqa: E402
+from experiments.driver import add_summary_args, command_walls, last_eval, spread, summary_path  # noqa: E402
+from experiments.gate import gate_table  # noqa: E402
 
 METRICS = {"held-out accuracy": "eval/accuracy", "aligned frac": "distill/aligned_frac",
            "spans per row": "distill/spans", "sample reward (T=1)": "reward", "response length": "eval/response_len"}
 PAIRS = (("aligned", "spans"), ("both", "aligned"), ("both", "spans"))
 TIE = 0.02                      # |mean paired difference| below 2 points: a tie (README)
-MIN_ROOM = 0.10                 # a seed whose teacher is less than 10 points above its student is left out (README)
+MIN_ROOM = 0.20                 # a seed whose teacher is less than 20 points above student B is left out (README)
+BASES = ("teacher", "student_b", "student_d")
 
 
 def base_accuracy(root: str, seed: int) -> dict:
-  """{"teacher", "student_a", "student_b"}: held-out accuracy of the seed's teacher (last evaluation), of its
-  checkpoint at STUDENT_SFT_STEPS and of the cross-tokenizer student; nan where a run is missing."""
-  teacher = os.path.join(root, f"teacher_s{seed}", "metrics.jsonl")
-  at = {r["step"]: r["eval/accuracy"] for r in read_metrics(teacher) if "eval/accuracy" in r}
-  student = last_eval(os.path.join(root, f"student_s{seed}"))
-  return {"teacher": at[max(at)] if at else np.nan, "student_a": at.get(STUDENT_SFT_STEPS, np.nan),
-          "student_b": student["eval/accuracy"] if student else np.nan}
-
-
-def make_load(root: str):
-  """`load(path, keys)` for arm_tables.summarize: load_arm's evaluations with the training metrics as window means
-  and step 0 = the arm's own student."""
-  def load(path: str, keys) -> dict:
-    run = load_with_training(path, keys)
-    arm, seed = os.path.basename(path).rsplit("_s", 1)
-    base = base_accuracy(root, int(seed))["student_a" if ARMS[arm]["student"] == "a" else "student_b"]
-    run["steps"] = [0] + run["steps"]
-    for key in keys:
-      run["values"][key] = [base if key == "eval/accuracy" else np.nan] + run["values"][key]
-    return run
-  return load
+  """{"teacher", "student_b", "student_d"}: the last held-out accuracy of each of the seed's base runs, and "base":
+  the pretrained base's, which the teacher's run evaluated before its first update; nan where a run is missing."""
+  out = {}
+  for name in BASES:
+    e = last_eval(os.path.join(root, f"{name}_s{seed}"))
+    out[name] = e["eval/accuracy"] if e else np.nan
+  out["base"] = first_eval(os.path.join(root, f"teacher_s{seed}"))
+  return out
 
 
 def verdict(x: str, y: str, d: list) -> str:
@@ -91,7 +80,7 @@ def comparisons(runs: dict, bases: dict) -> None:
   print("\nGain over the arm's own student and gap recovery (acc - student) / (teacher - student):\n")
   print("| arm | seeds | gain (points) | gap recovery |\n|---|---|---|---|")
   for arm, by_seed in final.items():
-    key = "student_a" if ARMS[arm]["student"] == "a" else "student_b"
+    key = f"student_{ARMS[arm]['student']}"
     seeds = [s for s in by_seed if np.isfinite(bases[s][key])]
     if not seeds:
       continue
@@ -109,13 +98,16 @@ def main(argv=None) -> None:
   add_summary_args(p)
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
+  print("\n".join(gate_table(args.root)) + "\n")
   bases = {s: base_accuracy(args.root, s) for s in seeds}
-  print(f"| seed | teacher (A) | teacher at step {STUDENT_SFT_STEPS} = same_tok's student (A) | student (B) |\n"
-        "|---|---|---|---|")
+  print("Base models (greedy held-out accuracy):\n\n| seed | the base (before fine-tuning) | teacher (the base "
+        "fine-tuned; D) | student B | student D (same_tok's) |\n|---|---|---|---|---|")
   for s, b in bases.items():
-    print(f"| {s} | {b['teacher']:.3f} | {b['student_a']:.3f} | {b['student_b']:.3f} |")
+    print(f"| {s} | {b['base']:.3f} | {b['teacher']:.3f} | {b['student_b']:.3f} | {b['student_d']:.3f} |")
+  walls = command_walls(args.root)
+  print(f"\nCommand walls: {sum(walls.values()) / 60:.1f} minutes over {len(walls)} workdirs (ROOT/runs.jsonl)\n")
   runs = summarize(args.root, ARMS, seeds, METRICS, summary_path(args.out, args.root, "curves.png"), "xtok_opd",
-                   base="", load=make_load(args.root))
+                   base="", load=load_from_start)      # step 0: the arm's own student
   comparisons(runs, bases)
 
 

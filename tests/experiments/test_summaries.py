@@ -120,42 +120,78 @@ def test_logra_verdicts_of_quick_runs_read_smoke_run(tmp_path, capsys, committed
   assert STEPS // 10 != QUICK_STEPS
 
 
-def _calibrated_is_results(workdir, quick_flags):
-  """results.jsonl as calibrated_is/run.py writes it (made-up numbers: calibrated's error lower on tail noise,
-  equal on uniform noise, so the verdict is "supported"), then one `wall` row per command in `quick_flags`."""
-  rows = [{"type": "sft", "key": "sft", "step": 30, "accuracy": 0.3, "pass4": 0.5},
-          {"type": "target", "key": "target/0", "seed": 0, "batches": 32, "rows_per_batch": 128, "half_cos": 0.9,
-           "floor_nmse": 0.01, "reward": 0.4}]
-  rng = np.random.default_rng(0)
-  for kind in ("uniform", "tail"):
+def _calibrated_is_archive(root, quick_flags, fp8_mismatch=0.05):
+  """An archive as calibrated_is/run.py leaves it (made-up numbers): the gate runs of both copies (bf16 below the
+  mismatch gate, fp8 at `fp8_mismatch`), gate.json, and results.jsonl with 3 seeds x 4 batches on fp8 where
+  calibrated IS is below the published rule, which is below token-TIS, and token-TIS ties with no correction (so
+  every hypothesis reads "supported"), then one `wall` row per command in `quick_flags`."""
+  from experiments.calibrated_is import mismatch_gate
+  from experiments.gate import record_gate
+  gate_rows = {}
+  for copy, mismatch in (("bf16", 0.004), ("fp8", fp8_mismatch)):
+    rows = [{"stage": "rl", "step": s, "reward": 0.6, "informative_groups": 0.7, "mismatch/mean": mismatch,
+             "mismatch/max": 10 * mismatch, "rollout_corr/kl": mismatch / 10, "rollout_corr/k3_kl": mismatch / 10,
+             "rollout_corr/rollout_is_ratio_fraction_high": 0.1} for s in (1, 2, 3)]
+    rows.append({"stage": "rl", "step": 3, "eval/accuracy": 0.7})
+    _workdir(os.path.join(root, f"gate_{copy}"), {"stages": ["rl"], "rl": {"steps": 3}}, rows)
+    gate_rows[copy] = rows
+  outcome = mismatch_gate.evaluate(gate_rows)
+  record_gate(root, "calibrated_is", mismatch_gate.checks(outcome), passed=outcome["passed"],
+              arms_copies=outcome["arms_copies"], base={"path": "base", "model_safetensors_sha256": "ab" * 32})
+  rows, rng = [], np.random.default_rng(0)
+  offset = {"none": 0.0, "token_tis": 0.0, "seq_tis": 0.01, "icepop": 0.0, "calibrated": -0.5, "cis": -0.2}
+  for seed in range(3 if outcome["passed"] else 0):
+    rows.append({"type": "target", "key": f"target/{seed}", "seed": seed, "batches": 8, "rows_per_batch": 128,
+                 "half_cos": 0.9, "floor_nmse": 0.01, "reward": 0.6, "informative": 0.7, "lr_abs": 0.0})
     for b in range(4):
-      rows.append({"type": "batch", "key": f"batch/0/{kind}/1.0/{b}", "seed": 0, "kind": kind, "scale": 1.0,
-                   "batch": b, "lr_abs": 0.1, "lr_abs_conf": 0.05, "lr_abs_unconf": 0.2, "reward": 0.4})
+      base = 5.0 + rng.standard_normal()
+      rows.append({"type": "batch", "key": f"batch/{seed}/fp8/{b}", "seed": seed, "copy": "fp8", "batch": b,
+                   "lr_abs": 0.05, "lr_abs_conf": 0.01, "lr_abs_unconf": 0.2, "k3_kl": 0.002, "frac_conf": 0.8,
+                   "reward": 0.6, "informative": 0.7})
       for arm in calibrated_is.ARMS:
-        nmse = 1.0 + 0.001 * rng.standard_normal() - (0.5 if kind == "tail" and arm == "calibrated" else 0.0)
-        rows.append({"type": "grad", "key": f"grad/0/{kind}/1.0/{arm}/{b}", "seed": 0, "kind": kind, "scale": 1.0,
-                     "arm": arm, "batch": b, "nmse": nmse, "cos": 0.7, "sigma": 0.3, "g_norm_rel": 1.1, "ess": 0.9,
-                     "masked_frac": 0.01, "empty": False})
+        rows.append({"type": "grad", "key": f"grad/{seed}/fp8/{arm}/{b}", "seed": seed, "copy": "fp8", "arm": arm,
+                     "batch": b, "nmse": base + offset[arm] + 0.001 * rng.standard_normal(), "cos": 0.3,
+                     "g_norm_rel": 2.0, "kept_tokens": 500, "empty": False, "ess": 0.99, "masked_frac": 0.0,
+                     "truncated_frac": 0.05, "weight_mean": 1.0, "sigma": 0.1 if arm == "calibrated" else None})
     for arm in calibrated_is.ARMS:
-      rows.append({"type": "mean_grad", "key": f"mean_grad/0/{kind}/1.0/{arm}", "seed": 0, "kind": kind,
-                   "scale": 1.0, "arm": arm, "batches": 4, "nmse": 0.5})
-  rows += [{"type": "wall", "key": f"wall/all/None//{i}", "part": "all", "seed": None, "quick": q, "wall_s": 60.0}
+      rows.append({"type": "mean_grad", "key": f"mean_grad/{seed}/fp8/{arm}", "seed": seed, "copy": "fp8",
+                   "arm": arm, "batches": 4, "nmse": 1.5 + offset[arm] / 4})
+  rows += [{"type": "wall", "key": f"wall/all///{i}", "part": "all", "seeds": "", "quick": q, "wall_s": 60.0}
            for i, q in enumerate(quick_flags)]
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "results.jsonl"), "w") as f:
+  with open(os.path.join(root, "results.jsonl"), "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 @pytest.mark.parametrize("quick_flags, verdict", [((True,), SMOKE_RUN), ((True, False), "supported"),
                                                   ((False, True), SMOKE_RUN)])
-def test_calibrated_is_verdict_of_a_quick_run_reads_smoke_run(tmp_path, capsys, committed_plots, quick_flags,
-                                                             verdict):
-  workdir = str(tmp_path / "run")
-  _calibrated_is_results(workdir, quick_flags)
-  calibrated_is.main([workdir])
+def test_calibrated_is_summary_of_an_archive_gives_the_gate_and_every_verdict(tmp_path, capsys, committed_plots,
+                                                                             quick_flags, verdict):
+  root = str(tmp_path / "runs")
+  _calibrated_is_archive(root, quick_flags)
+  calibrated_is.main([f"--root={root}"])
   out = capsys.readouterr().out
-  assert f"\nVERDICT: {verdict}\n" in out
-  assert os.path.exists(os.path.join(workdir, "grad_mse.png"))
+  assert "Calibration gate: **passed**" in out and "| bf16 copy: trainer's mismatch/mean | 0.004 | >= 0.03 | FAIL |" in out
+  assert "GATE: PASSED: the arms ran on fp8" in out and f"SHA-256 {'ab' * 32}" in out
+  assert "| fp8 | 3 | 0.0500 |" in out and "| bf16 | 3 | 0.0040 |" in out      # the gate runs' table
+  for name in calibrated_is.TESTS:
+    assert f"{name} (" in out and (f"VERDICT: {verdict} (per seed: seed 0: {verdict}, seed 1: {verdict}, seed 2: "
+                                   f"{verdict})") in out.split(f"{name} (")[-1].splitlines()[0]
+  assert "| H1 | calibrated − token_tis | fp8 | seed 2 | 4 |" in out
+  assert os.path.exists(os.path.join(root, "grad_mse.png"))
+
+
+def test_calibrated_is_summary_of_a_failed_gate_reports_it_and_no_verdict(tmp_path, capsys, committed_plots):
+  root = str(tmp_path / "runs")
+  _calibrated_is_archive(root, (False,), fp8_mismatch=0.01)
+  calibrated_is.main([f"--root={root}"])
+  out = capsys.readouterr().out
+  assert "GATE: FAILED" in out and "| fp8 copy: trainer's mismatch/mean | 0.01 | >= 0.03 | FAIL |" in out
+  assert out.count("VERDICT: not tested (the gate failed)") == len(calibrated_is.TESTS) == 4
+  assert not os.path.exists(os.path.join(root, "grad_mse.png"))
+  with open(os.path.join(root, "gate.json"), "w") as f:       # a record the metrics do not back is refused
+    json.dump({"arms_copies": ["fp8"]}, f)
+  with pytest.raises(SystemExit, match="inconsistent"):
+    calibrated_is.main([f"--root={root}"])
 
 
 def test_baselines_quick_summary_is_headed_smoke_run(tmp_path, capsys, committed_plots):
