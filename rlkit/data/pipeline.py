@@ -129,9 +129,17 @@ def token_lengths(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer,
   return prompts, [p + len(c) for p, c in zip(prompts, completions)]
 
 
+def read_records(source: Any, indices: Sequence[int]) -> list:
+  """`[source[i] for i in indices]`, in one batched read where the source has one (`__getitems__`: tfds's
+  array_record sources read 2,000 random records ~25x faster that way than one `[i]` at a time)."""
+  indices = [int(i) for i in indices]
+  getitems = getattr(source, "__getitems__", None)
+  return list(getitems(indices)) if getitems is not None else [source[i] for i in indices]
+
+
 def _read_rows(indices: Sequence[int], source: Any, rows: slice, collate: Callable) -> dict[str, np.ndarray]:
   """Reads only this process's rows of a global index batch, and collates them."""
-  return collate([source[int(i)] for i in indices[rows]])
+  return collate(read_records(source, indices[rows]))
 
 
 def _iterator(source: Any, batch_size: int, seed: int, collate: Callable, num_epochs: Optional[int],
