@@ -18,7 +18,6 @@ hashes).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -28,14 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 VOCAB_SIZE = 1024          # a ceiling: the corpus's words run out of merges below it
-
-
-def sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def corpus_texts(config, count: int) -> list[str]:
@@ -103,6 +94,7 @@ def export(workdir: str, tokenizer: str, out: str, command: str, commit: str) ->
   import jax
   import jax.numpy as jnp
 
+  from rlkit.data.tfds_builders import file_sha256
   from rlkit.models import hf
   from rlkit.models.tokenizer import HFTokenizer
   from rlkit.models.transformer import num_params
@@ -113,7 +105,7 @@ def export(workdir: str, tokenizer: str, out: str, command: str, commit: str) ->
   hf.save(out, module.cfg.replace(param_dtype="bfloat16"), bf16, overwrite=True, tokenizer=HFTokenizer(tokenizer))
   last = final_eval(workdir)
   record = {
-      "files": {name: sha256(os.path.join(out, name)) for name in sorted(os.listdir(out))},
+      "files": {name: file_sha256(os.path.join(out, name)) for name in sorted(os.listdir(out))},
       "commit": commit, "command": command, "params": int(num_params(params)), "step": last["step"],
       "skills": {k.split("/", 2)[2]: v for k, v in sorted(last.items()) if k.startswith("eval/accuracy/")},
       "accuracy": last["eval/accuracy"],

@@ -137,7 +137,8 @@ def prepare(task_name: str, task_kwargs: Mapping[str, Any], num_train: int, num_
   return _build(task_name, spec, data_dir)
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+  """The SHA-256 of a file's bytes, read in 1 MiB blocks."""
   digest = hashlib.sha256()
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
@@ -160,5 +161,5 @@ def prepare_jsonl(split_paths: Mapping[str, str], data_dir: str,
   for path in paths.values():
     load_jsonl(path, required)
   # required_fields only validate: the stored data, hence the name, does not depend on them
-  spec = {"kind": "jsonl", "sha256": {split: _sha256(p) for split, p in paths.items()}}
+  spec = {"kind": "jsonl", "sha256": {split: file_sha256(p) for split, p in paths.items()}}
   return _build("jsonl", spec, data_dir, paths)
