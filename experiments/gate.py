@@ -8,6 +8,8 @@ driver (exit GATE_FAILED) when it fails; the archive keeps gate.json beside the 
   projected_minutes(root, runs, more)    the measured wall of `runs` plus `more[name]` more runs as long as each
   archive_with_gate(root, dest, keys)    experiments/archive.py, then gate.json (and `files`) beside the runs
   parse_driver_args(doc, root, arms, archive)   experiments/driver.py's command line plus --archive
+  sft_gate_arms(...)                     a whole driver: SFT from the base per seed, the gate on it, every arm
+  parse_summary_args(doc, archive, ...)  a summary's --root (default the archive), --seeds, --out; prints the gate
 """
 import argparse
 import json
@@ -17,7 +19,7 @@ import shutil
 from typing import NamedTuple, Optional
 
 from experiments.archive import archive
-from experiments.driver import command_walls, parse_args, read_json
+from experiments.driver import add_summary_args, command_walls, finished, launch, parse_args, read_json, report
 
 GATE_FAILED = 2               # a driver's exit status when its gate failed (1: a run failed)
 GATE_FILE = "gate.json"
@@ -116,3 +118,59 @@ def parse_driver_args(doc: str, root: str, arms, archive_dest: str, argv=None) -
                     root, arms, rest)
   args.archive = known.archive
   return args
+
+
+def parse_summary_args(doc: str, archive_dest: str, argv=None, one_plot: bool = True):
+  """A gated experiment's summary command line: --root (default `archive_dest`, the archive), --seeds (default
+  0,1,2) and experiments/driver.py's --out; prints the gate's table first. Returns (args, seeds)."""
+  p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  p.add_argument("--root", default=archive_dest, help="the archive (default) or a run's root")
+  p.add_argument("--seeds", default="0,1,2")
+  add_summary_args(p, one_plot=one_plot)
+  args = p.parse_args(argv)
+  print("\n".join(gate_table(args.root)) + "\n")
+  return args, [int(s) for s in args.seeds.split(",")]
+
+
+def sft_gate_arms(tag: str, args, config: str, keys, base: str, measure_fn, gate_fn, arm_overrides) -> int:
+  """The driver of an experiment whose arms start from one SFT policy per seed (calif, prorubric):
+  1. `CONFIG:sft` per seed from `base` into ROOT/sft_s<seed>; 2. the gate: `measure_fn(sft_path, seed)` per seed
+  (a rerun reads the numbers ROOT/gate.json kept), `gate_fn(measured)` -> (checks, passed or None, extra: dict
+  recorded in gate.json and handed to the arms; `gate_fn({})` on a dry run gives the arms' defaults); on failure the
+  runs are archived and GATE_FAILED returned; 3. every arm into ROOT/<arm>_s<seed> from its seed's SFT policy, with
+  `arm_overrides(arm, sft_path, extra)` added; 4. the archive (`args.archive`, '' none). `args` is
+  `parse_driver_args`'s. Returns the exit status (experiments/driver.py's `report`)."""
+  failed = []
+
+  def run(name, seed, preset, overrides):
+    path = os.path.join(args.root, f"{name}_s{seed}")
+    if launch(args.root, path, f"{config}:{preset}", [f"--config.seed={seed}", *overrides], args.lock,
+              args.dry_run, tag, name=name, seed=seed):
+      failed.append(path)
+
+  def archive_runs():
+    if args.archive and not args.dry_run:
+      names = archive_with_gate(args.root, args.archive, keys)
+      print(f"[{tag}] archived {len(names)} workdir(s) into {args.archive}", flush=True)
+
+  for seed in args.seeds:
+    run("sft", seed, "sft", [f"--config.model.path={base}"])
+  if failed:
+    return report(tag, failed)
+  sfts = {seed: os.path.join(args.root, f"sft_s{seed}") for seed in args.seeds}
+  if all(finished(path) for path in sfts.values()):
+    kept = (read_gate(args.root) or {}).get("measured", {})      # a rerun reads the numbers it measured
+    measured = {seed: kept[str(seed)] if str(seed) in kept else measure_fn(path, seed) for seed, path in sfts.items()}
+    checks, passed, extra = gate_fn(measured)
+    if not record_gate(args.root, tag, checks, passed=passed, measured=measured, **extra):
+      archive_runs()
+      return GATE_FAILED
+  else:
+    _, _, extra = gate_fn({})
+    print(f"[{tag}] gate: not evaluated (dry run: its runs have not run){'; the arms get ' if extra else ''}"
+          f"{', '.join(f'{k}={v}' for k, v in extra.items())}", flush=True)
+  for seed in args.seeds:
+    for arm in args.arms:
+      run(arm, seed, arm, [f"--config.model.path={sfts[seed]}", *arm_overrides(arm, sfts[seed], extra)])
+  archive_runs()
+  return report(tag, failed)

@@ -29,9 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from configs.calif import ARMS, BASE, GATE, get_config  # noqa: E402
-from experiments.driver import finished, launch, report  # noqa: E402
-from experiments.gate import (GATE_FAILED, archive_with_gate, check, parse_driver_args, read_gate,  # noqa: E402
-                              record_gate)
+from experiments.gate import check, parse_driver_args, sft_gate_arms  # noqa: E402
 
 CONFIG = "configs/calif.py"
 ARCHIVE = "experiments/calif/runs"
@@ -78,39 +76,10 @@ def main(argv=None, measure_fn=measure) -> int:
   p = argparse.ArgumentParser(add_help=False)
   p.add_argument("--base", default=BASE)
   known, rest = p.parse_known_args(argv)
-  args, failed = parse_driver_args(__doc__, "/tmp/calif", ARMS, ARCHIVE, rest), []
-
-  def run(name, seed, preset, overrides):
-    path = os.path.join(args.root, f"{name}_s{seed}")
-    if launch(args.root, path, f"{CONFIG}:{preset}", [f"--config.seed={seed}", *overrides], args.lock,
-              args.dry_run, "calif", name=name, seed=seed):
-      failed.append(path)
-
-  def archive():
-    if args.archive and not args.dry_run:
-      names = archive_with_gate(args.root, args.archive, KEYS)
-      print(f"[calif] archived {len(names)} workdir(s) into {args.archive}", flush=True)
-
-  # 1-2. The SFT policies and the gate on them.
-  for seed in args.seeds:
-    run("sft", seed, "sft", [f"--config.model.path={known.base}"])
-  if failed:
-    return report("calif", failed)
-  sfts = {seed: os.path.join(args.root, f"sft_s{seed}") for seed in args.seeds}
-  if all(finished(path) for path in sfts.values()):
-    kept = (read_gate(args.root) or {}).get("measured", {})      # a rerun reads the numbers it measured
-    measured = {seed: kept[str(seed)] if str(seed) in kept else measure_fn(path, seed) for seed, path in sfts.items()}
-    if not record_gate(args.root, "calif", gate_checks(measured), measured=measured):
-      archive()
-      return GATE_FAILED
-  else:
-    print("[calif] gate: not evaluated (dry run: its runs have not run)", flush=True)
-  # 3-4. Every arm, the archive.
-  for seed in args.seeds:
-    for arm in args.arms:
-      run(arm, seed, arm, [f"--config.model.path={sfts[seed]}", *reference(arm, sfts[seed])])
-  archive()
-  return report("calif", failed)
+  args = parse_driver_args(__doc__, "/tmp/calif", ARMS, ARCHIVE, rest)
+  return sft_gate_arms("calif", args, CONFIG, KEYS, known.base, measure_fn,
+                       lambda measured: (gate_checks(measured), None, {}),
+                       lambda arm, sft, extra: reference(arm, sft))
 
 
 if __name__ == "__main__":

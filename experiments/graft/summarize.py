@@ -10,7 +10,6 @@ training time (the iterations' `step_s`); per direction the groups rescued, graf
 kept / rejected (sums over iterations); the largest gradient norm. Then the pre-registered verdicts (README),
 each per seed where it is paired. Writes the plot to DIR/accuracy.png, or into --out.
 """
-import argparse
 import os
 import sys
 
@@ -19,8 +18,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.graft import ARMS, MODELS, OVERLAPS  # noqa: E402
-from experiments.driver import add_summary_args, read_json, spread, summary_path  # noqa: E402
-from experiments.gate import gate_table, read_gate  # noqa: E402
+from experiments.driver import read_json, spread, summary_path  # noqa: E402
+from experiments.gate import parse_summary_args, read_gate  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 PREFIX = {"A": "", "B": "peer/"}                 # metric prefix of each model in an arm's workdir
@@ -102,13 +101,7 @@ def sft_table(root: str) -> None:
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="experiments/graft/runs")
-  p.add_argument("--seeds", default="0,1,2")
-  add_summary_args(p)
-  args = p.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  print("\n".join(gate_table(args.root)) + "\n")
+  args, seeds = parse_summary_args(__doc__, "experiments/graft/runs", argv)
   print("SFT pairs (seed 0, shared by the seeds): greedy accuracy on the balanced held-out set (250 per operator)\n")
   sft_table(args.root)
   runs = load(args.root, seeds)

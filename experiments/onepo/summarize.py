@@ -11,7 +11,6 @@ iterations; teacher rows and tokens trained on and the policy's mean probability
 training time (the sum of the iterations' `step_s`, evaluations excluded). The verdict rules are README.md's
 ("Predictions"). Writes the plot to ROOT/accuracy.png, or into --out.
 """
-import argparse
 import os
 import sys
 
@@ -21,8 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.onepo import ANNEAL, ARMS, HARD_DIGITS, STEPS  # noqa: E402
 from experiments.arm_tables import load_from_start, over_seeds, save_figure  # noqa: E402
-from experiments.driver import add_summary_args, load_runs, spread, summary_path  # noqa: E402
-from experiments.gate import gate_table  # noqa: E402
+from experiments.driver import load_runs, spread, summary_path  # noqa: E402
+from experiments.gate import parse_summary_args  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 SETS = {"hard": "eval/accuracy", "below": "eval/below/accuracy", "long": "eval/long/accuracy"}
@@ -132,13 +131,7 @@ def verdicts(runs: dict, seeds: list) -> list:
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default=os.path.join("experiments", "onepo", "runs"))
-  p.add_argument("--seeds", default="0,1,2")
-  add_summary_args(p)
-  args = p.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  print("\n".join(gate_table(args.root)) + "\n")
+  args, seeds = parse_summary_args(__doc__, "experiments/onepo/runs", argv)
   runs = load_runs(args.root, ARMS, seeds, load_arm)
   print("Predictions, per seed (README.md's rules; cells: the rule's outcome and the difference it reads):\n")
   print("| prediction | " + " | ".join(f"seed {s}" for s in seeds) + " | verdict |\n|---|" + "---|" * (len(seeds) + 1))

@@ -9,7 +9,6 @@ ROOT/gate.json, ROOT/overlaps.json (overlaps.py computed it from the checkpoints
 keep) and ROOT/runs.jsonl (command walls); the driver's own root reads the same. The plots, curves.png and
 recovery.png, go to ROOT, or where --out says.
 """
-import argparse
 import os
 import sys
 
@@ -19,8 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.opd_scale import ARMS, PAIRS, STUDENT_WIDTHS, TEACHERS  # noqa: E402
 from experiments.arm_tables import load_from_start, save_figure, summarize  # noqa: E402
-from experiments.driver import add_summary_args, command_walls, spread, summary_path  # noqa: E402
-from experiments.gate import gate_table  # noqa: E402
+from experiments.driver import command_walls, spread, summary_path  # noqa: E402
+from experiments.gate import parse_summary_args  # noqa: E402
 from experiments.opd_scale.overlaps import read_overlaps  # noqa: E402
 from experiments.opd_scale.workdirs import base_accuracy  # noqa: E402
 
@@ -201,13 +200,7 @@ def scatter(rows: list, out: str) -> None:
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="/tmp/opd_scale")
-  p.add_argument("--seeds", default="0,1,2")
-  add_summary_args(p, one_plot=False)
-  args = p.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  print("\n".join(gate_table(args.root)) + "\n")
+  args, seeds = parse_summary_args(__doc__, "experiments/opd_scale/runs", argv, one_plot=False)
   bases = {s: base_accuracy(args.root, s) for s in seeds}
   names = ["base"] + list(TEACHERS) + [f"s{w}" for w in STUDENT_WIDTHS]      # base: before its fine-tuning
   print("Base models (greedy held-out accuracy):\n\n| seed | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))

@@ -30,9 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from configs.prorubric import ARMS, BASE, GATE, get_config  # noqa: E402
-from experiments.driver import finished, launch, report  # noqa: E402
-from experiments.gate import (GATE_FAILED, archive_with_gate, check, parse_driver_args, read_gate,  # noqa: E402
-                              record_gate)
+from experiments.gate import check, parse_driver_args, sft_gate_arms  # noqa: E402
 
 CONFIG = "configs/prorubric.py"
 ARCHIVE = "experiments/prorubric/runs"
@@ -91,42 +89,14 @@ def main(argv=None, measure_fn=measure) -> int:
   p = argparse.ArgumentParser(add_help=False)
   p.add_argument("--base", default=BASE)
   known, rest = p.parse_known_args(argv)
-  args, failed = parse_driver_args(__doc__, "/tmp/prorubric", ARMS, ARCHIVE, rest), []
+  args = parse_driver_args(__doc__, "/tmp/prorubric", ARMS, ARCHIVE, rest)
 
-  def run(name, seed, preset, overrides):
-    path = os.path.join(args.root, f"{name}_s{seed}")
-    if launch(args.root, path, f"{CONFIG}:{preset}", [f"--config.seed={seed}", *overrides], args.lock,
-              args.dry_run, "prorubric", name=name, seed=seed):
-      failed.append(path)
-
-  def archive():
-    if args.archive and not args.dry_run:
-      names = archive_with_gate(args.root, args.archive, KEYS)
-      print(f"[prorubric] archived {len(names)} workdir(s) into {args.archive}", flush=True)
-
-  # 1-2. The SFT policies and the gate on them.
-  for seed in args.seeds:
-    run("sft", seed, "sft", [f"--config.model.path={known.base}"])
-  if failed:
-    return report("prorubric", failed)
-  sfts = {seed: os.path.join(args.root, f"sft_s{seed}") for seed in args.seeds}
-  if all(finished(path) for path in sfts.values()):
-    kept = (read_gate(args.root) or {}).get("measured", {})      # a rerun reads the numbers it measured
-    measured = {seed: kept[str(seed)] if str(seed) in kept else measure_fn(path, seed) for seed, path in sfts.items()}
+  def gate(measured):
     checks, passed, temperature = gate_checks(measured)
-    if not record_gate(args.root, "prorubric", checks, passed=passed, measured=measured, temperature=temperature):
-      archive()
-      return GATE_FAILED
-  else:
-    temperature = GATE["temperatures"][0]
-    print(f"[prorubric] gate: not evaluated (dry run: its runs have not run); the arms' temperature is the gate's, "
-          f"{temperature} here", flush=True)
-  # 3-4. Every arm at the gate's temperature, the archive.
-  for seed in args.seeds:
-    for arm in args.arms:
-      run(arm, seed, arm, [f"--config.model.path={sfts[seed]}", f"--config.rl.temperature={temperature}"])
-  archive()
-  return report("prorubric", failed)
+    return checks, passed, {"temperature": temperature}
+  # Every arm samples at the gate's temperature (on a dry run, the first).
+  return sft_gate_arms("prorubric", args, CONFIG, KEYS, known.base, measure_fn, gate,
+                       lambda arm, sft, extra: [f"--config.rl.temperature={extra['temperature']}"])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ base policy) and every DIR/<arm>_s<seed> that exists; the metrics are those the 
 per seed and the README's predictions P1-P7 judged in each seed and overall (`PREDICTIONS`). The plot goes to
 DIR/curves.png, or where --out says.
 """
-import argparse
 import os
 import sys
 
@@ -19,8 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.prorubric import ARMS, RATIOS  # noqa: E402
 from experiments.arm_tables import load_from_start, summarize  # noqa: E402
-from experiments.driver import add_summary_args, summary_path  # noqa: E402
-from experiments.gate import gate_table, read_gate  # noqa: E402
+from experiments.driver import summary_path  # noqa: E402
+from experiments.gate import parse_summary_args, read_gate  # noqa: E402
 from experiments.verdicts import Prediction, at_least, final_table, final_values, mean_of, verdict_table  # noqa: E402
 
 ACC, CLEAN, PADDED, PROXY = "eval/accuracy", "eval/rubric/clean", "eval/rubric/padded", "eval/rubric/additive"
@@ -76,13 +75,7 @@ PREDICTIONS = [
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="experiments/prorubric/runs")
-  p.add_argument("--seeds", default="0,1,2")
-  add_summary_args(p)
-  args = p.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  print("\n".join(gate_table(args.root)) + "\n")
+  args, seeds = parse_summary_args(__doc__, "experiments/prorubric/runs", argv)
   gate = read_gate(args.root)
   for seed, m in sorted(((gate or {}).get("measured") or {}).items()):
     print(f"gate, seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in m.items()))

@@ -8,7 +8,6 @@ its evaluation (the first, at the stage's start, is the base's); the question me
 the previous one (`rquest/unique`: its value at that step). Then the pre-registered verdicts (README), per seed
 where they are paired. The plot goes to DIR/curves.png, or where --out says.
 """
-import argparse
 import os
 import sys
 
@@ -18,8 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.rquest import ARMS  # noqa: E402
 from experiments.arm_tables import load_with_training, summarize  # noqa: E402
-from experiments.driver import add_summary_args, spread, summary_path  # noqa: E402
-from experiments.gate import gate_table  # noqa: E402
+from experiments.driver import spread, summary_path  # noqa: E402
+from experiments.gate import parse_summary_args  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 METRICS = {"held-out accuracy": "eval/accuracy", "invalid": "rquest/invalid", "duplicate": "rquest/duplicate",
@@ -88,13 +87,7 @@ def verdicts(runs: dict, base: dict) -> None:
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="experiments/rquest/runs")
-  p.add_argument("--seeds", default="0,1,2")
-  add_summary_args(p)
-  args = p.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  print("\n".join(gate_table(args.root)) + "\n")
+  args, seeds = parse_summary_args(__doc__, "experiments/rquest/runs", argv)
   base = base_accuracy(args.root, ARMS, seeds)
   if base:
     print(f"The base solver's held-out accuracy (seeds {','.join(map(str, base))}): {spread(list(base.values()))}\n")

@@ -7,7 +7,6 @@ the same held-out chains), every DIR/<arm>_s<seed> (experiments/arm_tables.py; a
 start, is the base's) and prints the pre-registered verdicts (README), per seed where they are paired. The plot
 goes to DIR/curves.png, or where --out says.
 """
-import argparse
 import os
 import sys
 
@@ -16,8 +15,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from experiments.arm_tables import summarize  # noqa: E402
-from experiments.driver import add_summary_args, read_json, spread, summary_path  # noqa: E402
-from experiments.gate import gate_table  # noqa: E402
+from experiments.driver import read_json, spread, summary_path  # noqa: E402
+from experiments.gate import parse_summary_args  # noqa: E402
 from experiments.tips.run import ARMS, GATE_MARGIN  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
@@ -65,13 +64,7 @@ def verdicts(runs: dict, baseline: dict, base: dict, seeds) -> None:
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="experiments/tips/runs")
-  p.add_argument("--seeds", default="0,1,2")
-  add_summary_args(p)
-  args = p.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  print("\n".join(gate_table(args.root)) + "\n")
+  args, seeds = parse_summary_args(__doc__, "experiments/tips/runs", argv)
   baseline = {s: read_json(path) for s in seeds
               if os.path.exists(path := os.path.join(args.root, f"final_answer_s{s}.json"))}
   base = {s: row for s in seeds if (row := base_row(args.root, s))}

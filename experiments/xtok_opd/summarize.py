@@ -12,7 +12,6 @@ Last, the pre-registered comparisons, paired within each seed (README.md): final
 spans, both - aligned and both - spans with their verdicts, each arm's gain over its own student, and gap recovery
 (acc - student) / (teacher - student). The plot goes to ROOT/curves.png, or where --out says.
 """
-import argparse
 import os
 import sys
 
@@ -22,8 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.xtok_opd import ARMS  # noqa: E402
 from experiments.arm_tables import first_eval, load_from_start, summarize  # noqa: E402
-from experiments.driver import add_summary_args, command_walls, last_eval, spread, summary_path  # noqa: E402
-from experiments.gate import gate_table  # noqa: E402
+from experiments.driver import command_walls, last_eval, spread, summary_path  # noqa: E402
+from experiments.gate import parse_summary_args  # noqa: E402
 
 METRICS = {"held-out accuracy": "eval/accuracy", "aligned frac": "distill/aligned_frac",
            "spans per row": "distill/spans", "sample reward (T=1)": "reward", "response length": "eval/response_len"}
@@ -92,13 +91,7 @@ def comparisons(runs: dict, bases: dict) -> None:
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="/tmp/xtok_opd")
-  p.add_argument("--seeds", default="0,1,2")
-  add_summary_args(p)
-  args = p.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  print("\n".join(gate_table(args.root)) + "\n")
+  args, seeds = parse_summary_args(__doc__, "experiments/xtok_opd/runs", argv)
   bases = {s: base_accuracy(args.root, s) for s in seeds}
   print("Base models (greedy held-out accuracy):\n\n| seed | the base (before fine-tuning) | teacher (the base "
         "fine-tuned; D) | student B | student D (same_tok's) |\n|---|---|---|---|---|")

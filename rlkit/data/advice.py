@@ -90,6 +90,6 @@ EVAL_METRICS = ("rubric/additive", "rubric/gated", "rubric/dimensions", "rubric/
 @functools.lru_cache(maxsize=16)
 def _packed(task: AdviceArithmetic):
   """The task's rubric, parsed and packed once (every example has the same one)."""
-  from rlkit.rewards.rubric import pack_dimensions, pack_rubrics, parse_rubric
+  from rlkit.rewards.rubric_format import pack_dimensions, pack_rubrics, parse_rubric
   rubric = parse_rubric(task.rubric(), f"task {task.name!r}")
   return (*pack_rubrics([rubric])[:3], pack_dimensions([rubric]), rubric.checks)

@@ -158,12 +158,6 @@ def icepop_weights(old_logp, rollout_logp, loss_mask, row_source, *, low=0.5, hi
   return finish(w, keep, mask, loss_mask, metrics)
 
 
-def _icepop_apply(batch: TrainBatch, cfg, state: dict) -> CorrectionOutput:
-  weights, keep, metrics = icepop_weights(batch.old_logp, batch.rollout_logp, batch.loss_mask, batch.row_source,
-                                          low=float(cfg.icepop_low), high=float(cfg.icepop_high))
-  return CorrectionOutput(weights, keep, to_python(metrics), state)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # calibrated (OUR DESIGN, calibrated_is.py)
 
@@ -210,15 +204,19 @@ def cis_correction(old_logp, rollout_logp, loss_mask, row_source, *, lam=2.3, ka
   return finish(w, mask, mask, loss_mask, metrics)
 
 
-def _cis_apply(batch: TrainBatch, cfg, state: dict) -> CorrectionOutput:
-  weights, keep, metrics = cis_correction(batch.old_logp, batch.rollout_logp, batch.loss_mask, batch.row_source,
-                                          lam=float(cfg.cis_lambda), kappa=float(cfg.cis_kappa))
-  return CorrectionOutput(weights, keep, to_python(metrics), state)
-
-
 def _none_apply(batch: TrainBatch, cfg, state: dict) -> CorrectionOutput:
   del cfg
   return CorrectionOutput(jnp.ones(batch.loss_mask.shape, jnp.float32), batch.loss_mask, {}, state)
+
+
+def _stateless_apply(weights_fn, **keys):
+  """The apply of a stateless rule: `weights_fn` (-> weights, keep, metrics) on the batch's four arrays, each of its
+  keyword parameters read from the correction config's key `keys[parameter]`."""
+  def apply(batch: TrainBatch, cfg, state: dict) -> CorrectionOutput:
+    weights, keep, metrics = weights_fn(batch.old_logp, batch.rollout_logp, batch.loss_mask, batch.row_source,
+                                        **{name: float(cfg[key]) for name, key in keys.items()})
+    return CorrectionOutput(weights, keep, to_python(metrics), state)
+  return apply
 
 
 def _stateless(cfg) -> dict:
@@ -228,9 +226,11 @@ def _stateless(cfg) -> dict:
 
 CORRECTIONS.add("none", CorrectionSpec(_none_apply, _stateless))
 CORRECTIONS.add("rollout_correction", CorrectionSpec(_rollout_correction_apply, _stateless))
-CORRECTIONS.add("icepop", CorrectionSpec(_icepop_apply, _stateless))
+CORRECTIONS.add("icepop", CorrectionSpec(_stateless_apply(icepop_weights, low="icepop_low", high="icepop_high"),
+                                         _stateless))
 CORRECTIONS.add("calibrated", CorrectionSpec(_calibrated_apply, lambda cfg: calibrated_is.init_state()))
-CORRECTIONS.add("cis", CorrectionSpec(_cis_apply, _stateless))
+CORRECTIONS.add("cis", CorrectionSpec(_stateless_apply(cis_correction, lam="cis_lambda", kappa="cis_kappa"),
+                                      _stateless))
 
 RL_SECTIONS.add("correction", Section(correction_defaults, lambda stage, name: check(stage.correction,
                                                                                     f"{name}.correction"),

@@ -7,6 +7,7 @@ import os
 from configs import calif as C
 from experiments.calif import run as R
 from experiments.calif import summarize as S
+from experiments import gate as G
 from experiments.gate import GATE_FAILED, read_gate
 from rlkit.train.config_checks import validate
 from tests.experiments.test_prorubric_experiment import _write, stand_in  # noqa: F401  (a fixture)
@@ -69,7 +70,7 @@ def _measured(accuracy=0.9, follow=0.0, sampled_follow=0.3):
 
 
 def test_a_failed_gate_stops_before_the_arms(tmp_path, capsys, monkeypatch):
-  monkeypatch.setattr(R, "launch", _guarded(R))
+  monkeypatch.setattr(G, "launch", _guarded(G))
   root, archive = str(tmp_path / "root"), str(tmp_path / "archive")
   _synthetic_root(root, arms=())
   assert R.main([f"--root={root}", f"--archive={archive}"], measure_fn=_measured(sampled_follow=0.01)) == GATE_FAILED
@@ -100,7 +101,7 @@ def test_a_dry_run_gives_calif_its_reference(tmp_path, capsys):
 
 
 def test_gate_archive_and_summary_with_verdicts_per_seed(tmp_path, capsys, monkeypatch):
-  monkeypatch.setattr(R, "launch", _guarded(R))
+  monkeypatch.setattr(G, "launch", _guarded(G))
   root, archive = str(tmp_path / "root"), str(tmp_path / "archive")
   _synthetic_root(root)
   assert R.main([f"--root={root}", f"--archive={archive}"], measure_fn=_measured()) == 0

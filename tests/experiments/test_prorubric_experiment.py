@@ -8,6 +8,7 @@ import os
 import pytest
 
 from configs import prorubric as C
+from experiments import gate as G
 from experiments.gate import GATE_FAILED, read_gate
 from experiments.prorubric import run as R
 from experiments.prorubric import summarize as S
@@ -107,12 +108,12 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(C.ARMS)):
 
 def _no_training(monkeypatch):
   """The driver's launches, allowed only for finished workdirs (which `launch` skips): a test never trains."""
-  real = R.launch
+  real = G.launch
 
   def launch(root, path, *args, **kw):
-    assert R.finished(path), f"the test would have trained {path}"
+    assert G.finished(path), f"the test would have trained {path}"
     return real(root, path, *args, **kw)
-  monkeypatch.setattr(R, "launch", launch)
+  monkeypatch.setattr(G, "launch", launch)
 
 
 def _measured(accuracy=0.9, outscoring=0.05, hotter=0.05):
@@ -157,8 +158,8 @@ def test_the_arms_sample_at_the_first_temperature_the_gate_passes(tmp_path, monk
   root = str(tmp_path / "root")
   _synthetic_root(root, arms=())
   commands = []
-  monkeypatch.setattr(R, "launch", lambda root, path, config, args, *rest, **kw: commands.append((config, args)) or 0)
-  monkeypatch.setattr(R, "finished", lambda path: True)
+  monkeypatch.setattr(G, "launch", lambda root, path, config, args, *rest, **kw: commands.append((config, args)) or 0)
+  monkeypatch.setattr(G, "finished", lambda path: True)
   assert R.main([f"--root={root}", "--archive="], measure_fn=_measured(outscoring=0.004)) == 0
   gate = read_gate(root)
   assert gate["passed"] and gate["temperature"] == 1.5

@@ -7,7 +7,7 @@ import pytest
 
 from rlkit.data import make_task
 from rlkit.rewards import REWARDS
-from rlkit.rewards.rubric import parse_rubric
+from rlkit.rewards.rubric_format import parse_rubric
 from tests.rewards import _verifiers as V
 
 
