@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.xla_flags import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = ("import sys; print('start', flush=True); "
@@ -47,7 +48,7 @@ def test_launch_reruns_itself_and_still_validates_first(tmp_path):
   cmd = [sys.executable, os.path.join(ROOT, "launch.py"), "--tuned_malloc",
          f"--config={os.path.join(ROOT, 'configs', 'grpo_arith.py')}:test", "--config.rl.advantage=grpoo",
          f"--workdir={workdir}"]
-  r = subprocess.run(cmd, cwd=ROOT, env=_env_without_tunables(XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+  r = subprocess.run(cmd, cwd=ROOT, env=_env_without_tunables(XLA_FLAGS=FAST_COMPILE, JAX_PLATFORMS="cpu"),
                      capture_output=True, text=True, timeout=120)
   assert r.returncode == 2 and "grpoo" in r.stderr, r.stderr[-2000:]
   assert not workdir.exists()

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rlkit.models.transformer import Transformer, TransformerConfig
 from rlkit.parallel import (DEFAULT_RULES, REPLICATE_REST, constrain_batch, data_sharding, make_mesh,
                             mesh_axis_size, partition_specs, shard_batch, shard_params, sharded_init)
+from tests.xla_flags import default_emitters
 
 DENSE = TransformerConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=16,
                           num_kv_heads=8, head_dim=8, attention_bias=True)
@@ -167,6 +168,7 @@ def test_moe_sharded_forward_matches_single_device():
     assert {s.data.shape for s in leaf.addressable_shards} == {_shard_shape(leaf.shape, spec, mesh)}
 
 
+@default_emitters
 def test_sharded_init_equals_unsharded_init():
   # A transformer-named stand-in for `model.init`: the mechanism is the same, the compile much cheaper.
   # (XLA:CPU takes seconds to compile a rank-4 `normal`; a flat draw reshaped gives the same values.)

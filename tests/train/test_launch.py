@@ -10,6 +10,7 @@ import pytest
 from rlkit.train.checkpoint import Checkpointer
 from rlkit.train.metrics import read_metrics, without_timings
 from tests.cli_in_process import launch_in_process
+from tests.xla_flags import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEST_CONFIG = os.path.join(ROOT, "configs", "grpo_arith.py") + ":test"
@@ -20,7 +21,7 @@ def _launch(workdir, *overrides, **kw):
          *overrides]
   # XLA's optimisation passes off: these short runs are mostly compiling, and every comparison here is
   # between runs compiled alike.
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
   return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from rlkit.train.metrics import read_metrics, without_timings
+from tests.xla_flags import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "grpo_arith.py") + ":test"
@@ -29,7 +30,7 @@ def _cmd(workdir, *extra):
 def _env(**kw):
   # XLA's optimisation passes off (compiling is most of these short runs): both sides alike, so the
   # comparison is unchanged.
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
   env.pop("RLKIT_DISTRIBUTED", None)
   env.update(kw)
   return env

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.cli_in_process import launch_in_process
+from tests.xla_flags import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "jsonl.py")
@@ -61,7 +62,7 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 
 
 def _launch(*args, timeout=600):
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=timeout)
   return proc.returncode, proc.stdout, proc.stderr
@@ -138,10 +139,10 @@ def test_readme_jsonl_command_drops_the_arithmetic_parameters(tmp_path):
   train = _write_jsonl(tmp_path / "train.jsonl", _rows(8, 0))
   base = (f"--config={os.path.join(ROOT, 'configs', 'grpo_arith.py')}", f"--workdir={tmp_path / 'run'}",
           "--config.task.name=jsonl", f"--config.data.train_jsonl={train}")
-  code, out, err = _launch(*base, "--config.data.max_prompt_len=0", "--config.sft.max_len=0", "--validate_only")
+  code, out, err = launch_in_process(*base, "--config.data.max_prompt_len=0", "--config.sft.max_len=0", "--validate_only")
   assert code == 0 and "config OK" in out, err[-2000:]
   assert "its parameters {'max_digits': 2, 'min_digits': 1, 'ops': '+'} are dropped" in err
-  code, _, err = _launch(*base)        # the arithmetic config's limits (8 prompt tokens) are too short
+  code, _, err = launch_in_process(*base)        # the arithmetic config's limits (8 prompt tokens) are too short
   assert code == 2 and "Traceback" not in err, err[-2000:]
   assert "data.max_prompt_len=8 is shorter than the longest example" in err
   assert "raise --config.data.max_prompt_len to at least" in err
@@ -150,18 +151,18 @@ def test_readme_jsonl_command_drops_the_arithmetic_parameters(tmp_path):
 
 def test_print_config_help_and_validate_only(tmp_path):
   arith = os.path.join(ROOT, "configs", "grpo_arith.py")
-  code, out, err = _launch(f"--config={arith}:test", "--print_config")
+  code, out, err = launch_in_process(f"--config={arith}:test", "--print_config")
   assert code == 0, err[-2000:]
   assert "rl.advantage = 'group'  # group | batch | none (Dr. GRPO) | rloo" in out
   assert "rl.optimizer.lr = 0.0001  # peak learning rate" in out
   assert "task.kwargs.ops = '+'  # a parameter of task.name='arithmetic'" in out
-  code, out, _ = _launch(f"--config={arith}", "--help")
+  code, out, _ = launch_in_process(f"--config={arith}", "--help")
   assert code == 0 and "rlkit/train/config.py" in out and "Presets of" in out
   assert all(f"  {p} " in out for p in ("cpu", "gpu", "test"))
-  code, _, err = _launch(f"--config={arith}:tpu", "--validate_only")
+  code, _, err = launch_in_process(f"--config={arith}:tpu", "--validate_only")
   assert code == 2 and err.strip().startswith(f"Config error: --config={arith}:tpu: unknown preset 'tpu'; "
                                               f"presets of {arith}: ") and "\n" not in err.strip(), err
-  code, out, _ = _launch(f"--config={arith}", "--validate_only", f"--workdir={tmp_path / 'run'}")
+  code, out, _ = launch_in_process(f"--config={arith}", "--validate_only", f"--workdir={tmp_path / 'run'}")
   assert code == 0 and "config OK" in out and not (tmp_path / "run").exists()
 
 
@@ -174,7 +175,7 @@ def test_readme_python_snippet_runs_outside_the_repository(tmp_path):
                     TINY)
   snippet = snippet.replace("/path/to/Qwen3-0.6B", model).replace('"/tmp/out"', repr(str(tmp_path / "out")))
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  env.update(XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env.update(XLA_FLAGS=FAST_COMPILE, JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-c", snippet], cwd=str(tmp_path), env=env, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

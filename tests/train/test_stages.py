@@ -44,6 +44,7 @@ from rlkit.core.errors import TrainingError
 from rlkit.train.catalog import STAGES
 from rlkit.train.stages import Context
 from tests.fast_compile import fast_compile as _fast_compile
+from tests.xla_flags import default_emitters
 
 TOK = CharTokenizer()
 # (A width no other test module uses, so no jitted sampler is shared with them: see `_fast_compile`.)
@@ -922,6 +923,7 @@ def test_ppo_critic_calibrated_is_and_dynamic_sampling_compose():
 
 # ---------------------------------------------------------------------------------------------------- OnePO
 
+@default_emitters
 def test_onepo_with_an_anneal_length_of_zero_is_plain_grpo_exactly():
   recipe = {**ONEPO, "onepo.anneal_steps": 0, "steps": 2}
   onepo, grpo = run_stage(recipe), run_stage({"steps": 2})

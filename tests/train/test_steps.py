@@ -18,6 +18,7 @@ from rlkit.train.steps import (default_step_inputs, init_train_state, make_rl_lo
                                rl_counts)
 from tests.fast_compile import fast_compile
 from tests.train import legacy_steps_v1 as v1
+from tests.xla_flags import default_emitters
 
 CFG = TransformerConfig(vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=2,
                         num_kv_heads=1, head_dim=16, rope_theta=10_000.0)
@@ -82,6 +83,7 @@ V1_CASES = {
 
 @pytest.mark.parametrize("case", sorted(V1_CASES))
 @fast_compile()
+@default_emitters
 def test_v2_loss_and_gradients_equal_v1_bit_for_bit(case):
   kw = V1_CASES[case]
   c = _cfg(**kw)
@@ -227,6 +229,7 @@ def test_metric_reductions_max_and_sum_combine_across_micro_batches():
 
 
 @fast_compile()
+@default_emitters
 def test_sft_micro_batching_matches_full_batch_and_v1():
   rng = np.random.default_rng(1)
   tokens = rng.integers(3, CFG.vocab_size, (8, 7)).astype(np.int32)
