@@ -26,7 +26,7 @@ import numpy as np
 import optax
 import pytest
 
-from rlkit.core.types import ROW_SOURCE
+from rlkit.core.types import ROW_SOURCE, SEGMENT_KINDS
 from rlkit.data.tasks import make_task
 from rlkit.models.tokenizer import CharTokenizer
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params
@@ -516,6 +516,9 @@ COVERED_ELSEWHERE = {
                                "and the same-tokenizer limit)",
     "correction.calibrated_sigma_decay": "tests/objectives/test_correction.py (the sigma update over three "
                                          "batches; its first update is the batch median whatever the decay)",
+    **{f"slca.{k}": "tests/objectives/test_segments.py::test_the_estimator_reads_the_reward_and_the_batch_and_"
+                    "every_field_acts (single-turn runs have no tool-call or summary tokens)"
+       for k in ("kinds", "weights", "scale", "gate", "gate_threshold")},
     **{f"sync.{k}": "tests/train/test_weight_sync.py::test_every_sync_field_changes_the_sampler_copy (the "
                     "sampler copy needs a mesh; the RL runs with sync on are in that file too)"
        for k in ("kind", "dtype", "capacity_frac", "impl", "mesh.data", "mesh.fsdp", "mesh.tensor", "verify_dense")},
@@ -929,6 +932,29 @@ def test_onepo_with_an_anneal_length_of_zero_is_plain_grpo_exactly():
   onepo, grpo = run_stage(recipe), run_stage({"steps": 2})
   np.testing.assert_array_equal(onepo.delta, grpo.delta)
   assert [r["loss"] for r in onepo.rows] == [r["loss"] for r in grpo.rows]
+
+
+@register_reward("test_stages_segments")
+def _make_segment_reward(task, executor):
+  """`test_stages_digits` with its reward also in the `policy` column of per-segment rewards."""
+  digits = _make_digits_reward(task, executor)
+
+  def reward_fn(batch):
+    out = digits(batch)
+    seg = np.zeros((len(out.rewards), len(SEGMENT_KINDS)))
+    seg[:, SEGMENT_KINDS["policy"]] = out.rewards
+    return dataclasses.replace(out, segment_rewards=seg)
+  return reward_fn
+
+
+def test_slca_with_one_segment_kind_is_grpo_exactly_on_the_stage():
+  """rl.advantage=slca crediting the single-turn `policy` tokens with the whole reward: the stage's updates and
+  losses are GRPO's bit for bit."""
+  reward = {"reward.name": "test_stages_segments", "steps": 2}
+  slca = run_stage({**reward, "advantage": "slca", "slca.kinds": "policy", "slca.weights": "1.0"})
+  grpo = run_stage({**reward, "advantage": "group"})
+  np.testing.assert_array_equal(slca.delta, grpo.delta)
+  assert [r["loss"] for r in slca.rows] == [r["loss"] for r in grpo.rows]
 
 
 def test_huatuo_replaces_at_most_one_rollout_per_group_until_its_cutoff():
