@@ -1,0 +1,115 @@
+"""Trajectory trees (rlkit/rollout/tree.py): the trie on token ids, the packed sequence, its ancestor mask and
+depth positions, QwenGyre's bounded leaf selection, and the exact per-token weights: the deduplicated objective
+equals the sum over expanded root-to-leaf paths for any per-token term that depends on the token's context."""
+import zlib
+
+import numpy as np
+import pytest
+
+from rlkit.rollout.tree import TITOCall, build_tree, node_weights, pack_tree, path, select_leaves, tree_mask
+
+
+def _call(prompt, out, role=0, logp=None):
+  out = np.asarray(out, np.int32)
+  return TITOCall(np.asarray(prompt, np.int32), out,
+                  np.asarray(logp if logp is not None else -0.1 * np.arange(1, out.size + 1), np.float32), role)
+
+
+def _context_term(tokens_so_far) -> float:
+  """A stand-in for log pi(y_t | context): any number that depends on the whole context and the token."""
+  return (zlib.crc32(np.asarray(tokens_so_far, np.int64).tobytes()) % 10_007) / 10_007.0 - 0.5
+
+
+def test_one_call_packs_to_the_plain_sequence():
+  tree = build_tree([_call([5, 6, 7], [8, 9])])
+  packed = pack_tree(tree, [0])
+  np.testing.assert_array_equal(packed.tokens, [5, 6, 7, 8, 9])
+  np.testing.assert_array_equal(packed.positions, np.arange(5))
+  np.testing.assert_array_equal(tree_mask(packed.parent), np.tril(np.ones((5, 5), bool)))
+  np.testing.assert_array_equal(packed.trainable, [False, False, False, True, True])
+  np.testing.assert_allclose(packed.logp, [0, 0, 0, -0.1, -0.2])
+  np.testing.assert_allclose(node_weights(tree, packed, [0], [2.0]), [0, 0, 0, 1.0, 1.0])      # A / |path|
+
+
+def test_shared_prefixes_are_stored_once_and_siblings_never_attend_to_each_other():
+  calls = [_call([1, 2, 3], [4, 5]), _call([1, 2, 3], [4, 6, 7]), _call([1, 2, 9], [8])]
+  tree = build_tree(calls)
+  assert tree.tokens.size == 3 + 1 + 1 + 2 + 1 + 1          # 1 2 3 | 4 | 5 ; 6 7 ; 9 8
+  packed = pack_tree(tree, [0, 1, 2])
+  mask = tree_mask(packed.parent)
+  for c, call in enumerate(calls):
+    nodes = path(tree, int(tree.leaves[c]))
+    np.testing.assert_array_equal(tree.tokens[nodes], np.concatenate([call.prompt_ids, call.out_ids]))
+    np.testing.assert_array_equal(tree.depth[nodes], np.arange(nodes.size))
+    # Each packed token sees exactly its own path's prefix, at the path's positions.
+    where = {int(n): i for i, n in enumerate(packed.nodes)}
+    for k, node in enumerate(nodes):
+      seen = np.flatnonzero(mask[where[int(node)]])
+      np.testing.assert_array_equal(packed.tokens[seen], tree.tokens[nodes[:k + 1]])
+      np.testing.assert_array_equal(packed.positions[seen], np.arange(k + 1))
+  five, six = (int(np.flatnonzero((packed.tokens == t))[0]) for t in (5, 6))
+  assert not mask[five, six] and not mask[six, five]
+
+
+def test_a_token_generated_once_and_read_later_is_trained_once_with_its_logp():
+  first = _call([1, 2], [3, 4], logp=[-0.5, -0.25])
+  second = _call([1, 2, 3, 4, 7], [8])                       # the first call's output is this call's context
+  tree = build_tree([first, second])
+  assert tree.tokens.size == 6
+  assert tree.trainable.sum() == 3 and np.isclose(tree.logp[tree.tokens == 4][0], -0.25)
+
+
+@pytest.mark.parametrize("norm", ["seq_mean", "token_sum"])
+def test_exact_weights_give_the_expanded_objective(norm):
+  """sum_t w_t f(context_t) over the packed tree == sum over chosen leaves of c A sum_{trainable t on its path}
+  f(context_t): what makes the deduplicated loss and gradient equal the expanded ones."""
+  rng = np.random.default_rng(0)
+  calls, stems = [], [rng.integers(0, 50, size=6)]
+  for i in range(12):                                        # branches off earlier calls at random depths
+    base = stems[rng.integers(len(stems))]
+    stem = np.concatenate([base[:rng.integers(1, base.size + 1)], rng.integers(0, 50, size=rng.integers(0, 3))])
+    out = rng.integers(0, 50, size=rng.integers(1, 5))
+    calls.append(_call(stem, out, role=int(i % 3)))
+    stems.append(np.concatenate([stem, out]))
+  tree = build_tree(calls)
+  chosen = select_leaves(tree, 8, np.random.default_rng(1))
+  adv = rng.normal(size=len(chosen))
+  packed = pack_tree(tree, chosen)
+  mask = tree_mask(packed.parent)
+  dedup = sum(float(w) * _context_term(packed.tokens[mask[i]])
+              for i, w in enumerate(node_weights(tree, packed, chosen, adv, norm)) if w != 0)
+  expanded = 0.0
+  for c, a in zip(chosen, adv):
+    nodes = path(tree, int(tree.leaves[c]))
+    terms = [_context_term(tree.tokens[nodes[:k + 1]]) for k in range(nodes.size) if tree.trainable[nodes[k]]]
+    expanded += a * (np.mean(terms) if norm == "seq_mean" else np.sum(terms))
+  np.testing.assert_allclose(dedup, expanded, rtol=1e-5)
+  assert packed.tokens.size < sum(path(tree, int(tree.leaves[c])).size for c in chosen)    # dedup saved tokens
+
+
+def test_qwengyre_weights_train_each_shared_token_once_with_the_first_leaf_through_it():
+  tree = build_tree([_call([1], [2, 3]), _call([1, 2], [4])])     # token 2: generated by call 0, shared
+  packed = pack_tree(tree, [0, 1])
+  w = node_weights(tree, packed, [0, 1], [1.0, 10.0], "token_sum", "qwengyre")
+  np.testing.assert_allclose(w[packed.tokens == 2], [1.0])
+  np.testing.assert_allclose(w[packed.tokens == 4], [10.0])
+  exact = node_weights(tree, packed, [0, 1], [1.0, 10.0], "token_sum")
+  np.testing.assert_allclose(exact[packed.tokens == 2], [11.0])
+
+
+def test_leaf_selection_follows_role_priority_and_stops_when_nothing_is_left():
+  calls = [_call([1], [2], role=1), _call([1], [3], role=0), _call([1], [3], role=0), _call([1], [4, 5], role=1)]
+  tree = build_tree(calls)
+  first = select_leaves(tree, 1, np.random.default_rng(0))
+  assert first in ([1], [2])                                  # role 0 first
+  every = select_leaves(tree, 10, np.random.default_rng(0))
+  # Calls 1 and 2 end on the same node: once one is chosen the other has nothing left to train.
+  assert len(every) == 3 and {1, 2} & set(every) and {0, 3} <= set(every)
+  assert select_leaves(tree, 10, np.random.default_rng(0), role_priority=[1, 0])[:2] in ([0, 3], [3, 0])
+
+
+def test_bad_calls_are_refused():
+  with pytest.raises(ValueError, match="no calls"):
+    build_tree([])
+  with pytest.raises(ValueError, match="2 output tokens and 1 log-probs"):
+    build_tree([TITOCall(np.asarray([1]), np.asarray([2, 3]), np.asarray([0.0]))])
