@@ -152,9 +152,10 @@ class Attention(nn.Module):
   cfg: TransformerConfig
 
   @nn.compact
-  def __call__(self, x, rope_cs, key_mask, q_slots, cache_kv):
+  def __call__(self, x, rope_cs, key_mask, q_slots, cache_kv, tree_mask=None):
     """x: [B,T,D]; rope_cs: (cos, sin) from `rope_tables`; key_mask: [B,S] real key slots;
-    q_slots: [T] slot of each query (causality).
+    q_slots: [T] slot of each query (causality); tree_mask: optional [B,T,T] which earlier tokens each query
+    may see (a packed trajectory tree's ancestors; no cache).
 
     cache_kv: None (keys are this call's tokens, S == T) or (k_cache, v_cache, index) to write into.
     """
@@ -176,6 +177,9 @@ class Attention(nn.Module):
     s = t if cache_kv is None else cache_kv[0].shape[-1]
     causal = jnp.arange(s)[None, :] <= q_slots[:, None]                 # [T, S]
     allowed = causal[None, :, :] & key_mask[:, None, :]                  # [B, T, S]
+    if tree_mask is not None:
+      # Within the causal mask (parents are packed before children), so the causal block skipping holds.
+      allowed = allowed & tree_mask.astype(bool)
     if cache_kv is None and cfg.attention == "cpu_kernel":
       # q/k norm, rope and attention in one C++ kernel, reading qkv as it comes out of the matmul: XLA's
       # own slice, norm and rope passes over q and k took about 60 ms of the M train step's forward.
@@ -274,11 +278,11 @@ class DecoderLayer(nn.Module):
   moe: bool
 
   @nn.compact
-  def __call__(self, h, rope_cs, key_mask, q_slots, cache_kv, given_idx):
+  def __call__(self, h, rope_cs, key_mask, q_slots, cache_kv, given_idx, tree_mask=None):
     cfg = self.cfg
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     a, new_kv = Attention(cfg, name="attn")(
-        RMSNorm(cfg.rms_norm_eps, dt, pdt, name="attn_norm")(h), rope_cs, key_mask, q_slots, cache_kv)
+        RMSNorm(cfg.rms_norm_eps, dt, pdt, name="attn_norm")(h), rope_cs, key_mask, q_slots, cache_kv, tree_mask)
     h = h + a
     z = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="mlp_norm")(h)
     idx = None
@@ -308,7 +312,8 @@ class Transformer(nn.Module):
 
   def forward(self, tokens: Array, positions: Optional[Array] = None, attention_mask: Optional[Array] = None,
               cache: Optional[KVCache] = None, routed_experts: Optional[Array] = None,
-              logits: str = "all", rope_cs: Optional[tuple[Array, Array]] = None) -> ModelOutput:
+              logits: str = "all", rope_cs: Optional[tuple[Array, Array]] = None,
+              tree_mask: Optional[Array] = None) -> ModelOutput:
     """Full interface.
 
     Args:
@@ -323,6 +328,9 @@ class Transformer(nn.Module):
         needs nothing else) or "none" (hidden states only, e.g. for value heads).
       rope_cs: optional `rope_tables(positions, ...)`, precomputed by a caller that runs many steps (the
         sampler computes them for every decode step before its loop); default computed here.
+      tree_mask: optional [B, T, T] bool, True where query i may attend to key j: a packed trajectory tree's
+        ancestor-or-self mask (rlkit/rollout/tree.py), with `positions` the tree depths. It must lie within
+        the causal mask (parents packed first); not with a cache.
     """
     cfg = self.cfg
     dt = as_dtype(cfg.dtype)
@@ -332,6 +340,9 @@ class Transformer(nn.Module):
     attention_mask = attention_mask.astype(bool)
     if positions is None:
       positions = positions_from_mask(attention_mask)
+    if tree_mask is not None and (cache is not None or tree_mask.shape != (b, t, t)):
+      raise ValueError(f"tree_mask must be [B, T, T] = {(b, t, t)} and without a cache; got "
+                       f"{tree_mask.shape}{' with a cache' if cache is not None else ''}.")
     if cache is None:
       key_mask, q_slots, index = attention_mask, jnp.arange(t), None
     else:
@@ -350,7 +361,7 @@ class Transformer(nn.Module):
       given = None
       if layer.moe and routed_experts is not None:
         given = routed_experts[:, :, moe_i]
-      h, kv, idx = layer(h, rope_cs, key_mask, q_slots, cache_kv, given)
+      h, kv, idx = layer(h, rope_cs, key_mask, q_slots, cache_kv, given, tree_mask)
       h = constrain_batch(h)
       if kv is not None:
         new_k.append(kv[0]), new_v.append(kv[1])

@@ -2,7 +2,7 @@
 sub-agents, resampling) that share prefixes, stored once as a trie on token ids and packed into one sequence that
 a tree attention mask and depth positions make equivalent to its root-to-leaf paths.
 
-Host-side and pure NumPy (the trainer packs trees between rollout and update):
+Host-side NumPy (the trainer packs trees between rollout and update), but for `tree_logprobs`:
 
   build_tree(calls)                  the trie: each call's context + output, prefix-matched on token ids (token
                                      in/token out: never re-tokenised), one node per distinct token; a node the
@@ -15,6 +15,8 @@ Host-side and pure NumPy (the trainer packs trees between rollout and update):
   tree_mask(parent)                  [L, L] bool: i attends to j iff j is i or an ancestor of i (siblings never
                                      see each other); on a single path it is the causal mask
   node_weights(...)                  exact per-token weights (below)
+  tree_logprobs(logits, tokens, parent)   on device: each packed token's log-prob under its parent's logits
+                                     (the model run with `tree_mask` and depth positions)
 
 Exact weights (DESIGN, systems.md §5). The expanded objective over chosen leaves l, each with advantage A_l and
 path normaliser c_l (1/|trainable tokens of the path| for sequence-mean, 1 for token-sum), is
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -174,3 +178,11 @@ def node_weights(tree: Tree, packed: Packed, calls: Sequence[int], advantages: S
       w[new] += c * adv
       seen[on_path] = True
   return w.astype(np.float32)
+
+
+def tree_logprobs(logits: jax.Array, tokens: jax.Array, parent: jax.Array) -> jax.Array:
+  """[B, L] float32 log-prob of each packed token under the logits [B, L, V] at its parent's position (a token
+  follows its parent, not the packed token before it); 0 at a root."""
+  at_parent = jnp.take_along_axis(logits, jnp.maximum(parent, 0)[..., None], axis=1)           # [B, L, V]
+  logp = jnp.take_along_axis(jax.nn.log_softmax(at_parent.astype(jnp.float32), -1), tokens[..., None], -1)[..., 0]
+  return jnp.where(parent >= 0, logp, 0.0)
