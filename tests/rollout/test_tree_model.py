@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params
-from rlkit.rollout.tree import TITOCall, build_tree, node_weights, pack_tree, path, select_leaves, tree_logprobs, tree_mask
+from rlkit.rollout.tree import (TITOCall, build_tree, node_weights, pack_tree, path, select_leaves, tree_logprobs,
+                                tree_mask)
 
 CFG = TransformerConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=8, rope_theta=10_000.0)
