@@ -39,7 +39,6 @@ from rlkit.rollout.mismatch import from_config as mismatch_from_config
 from rlkit.rollout.mismatch import sampling_model
 from rlkit.train.rl_config import rl_defaults
 from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
-from rlkit.train import slca  # noqa: F401  (registers SLCA-GRPO's estimator and section)
 from rlkit.train.phases.advantages import with_advantages
 from rlkit.train.phases.augment import AUGMENTERS, AugmentEnv, build_augmenter
 from rlkit.train.phases.collect import COLLECTORS, CollectEnv, Samples, sampling_config

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from rlkit.core.labels import SEGMENT_KINDS
+from rlkit.core.types import TrainBatch
 from rlkit.objectives import group_advantages
 from rlkit.objectives.segments import gate_rewards, segment_advantages
 from rlkit.rewards import RewardOutput
 from rlkit.train import slca
 from rlkit.train.phases.advantages import token_advantages, with_advantages
-from tests.train.test_estimator_rewards import _batch
 
 G, N, R = 4, 8, 6
 TOOL, SUMMARY, OBS, POLICY = (SEGMENT_KINDS[k] for k in ("tool_call", "summary", "observation", "policy"))
@@ -88,6 +88,18 @@ def test_flat_groups_and_padding_rows_get_zero():
   assert (adv[:G, 4:] != 0).any()                              # its summaries still differ
 
 
+def _batch() -> TrainBatch:
+  """Four rows of one group: policy tokens, a tool-call token and an observation token (not trained)."""
+  n, r = 4, 5
+  kinds = np.full((n, r), POLICY)
+  kinds[:, 1], kinds[:, 2] = TOOL, OBS
+  zeros = jnp.zeros((n, r), jnp.float32)
+  return TrainBatch(tokens=jnp.zeros((n, 2 + r), jnp.int32), attention_mask=jnp.ones((n, 2 + r), bool),
+                    loss_mask=jnp.asarray(kinds != OBS), old_logp=zeros, rollout_logp=zeros, advantages=zeros,
+                    token_weights=zeros + 1, group_ids=jnp.zeros(n, jnp.int32), row_source=jnp.zeros(n, jnp.int32),
+                    segment_ids=jnp.asarray(kinds, jnp.int32))
+
+
 def _cfg(**slca_fields):
   cfg = ml_collections.ConfigDict({"advantage": "slca", "adv_eps": 1e-6, "slca": slca.slca_defaults()})
   cfg.slca.update(slca_fields)
@@ -95,8 +107,8 @@ def _cfg(**slca_fields):
 
 
 def test_the_estimator_reads_the_reward_and_the_batch_and_every_field_acts():
-  """`rl.advantage=slca` through the stage's advantage phase: the batch of tests/train/test_estimator_rewards.py
-  (policy, tool_call and observation tokens); each field of `rl.slca` changes the advantages."""
+  """`rl.advantage=slca` through the stage's advantage phase (policy, tool_call and observation tokens); each
+  field of `rl.slca` changes the advantages."""
   batch = _batch()
   n = batch.loss_mask.shape[0]
   rng = np.random.default_rng(3)
