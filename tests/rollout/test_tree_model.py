@@ -54,22 +54,27 @@ def test_dedup_loss_and_gradients_equal_the_expanded_paths(norm):
   def dedup(p):
     return jnp.sum(w * tree_logprobs(_forward(p, tokens, positions, mask), tokens, parent)[0])
 
+  # Every chosen path as its own row, right-padded into one batch (one compile): padding after a path's end is
+  # never attended by its tokens.
+  paths = [path(tree, int(tree.leaves[c])) for c in chosen]
+  width = max(p.size for p in paths)
+  seqs = np.zeros((len(paths), width), np.int32)
+  train = np.zeros((len(paths), width), bool)
+  for i, nodes in enumerate(paths):
+    seqs[i, :nodes.size], train[i, :nodes.size] = tree.tokens[nodes], tree.trainable[nodes]
+  count = train.sum(1)
+  scale = jnp.asarray(adv * (1.0 / count if norm == "seq_mean" else 1.0), jnp.float32)
+  seqs_j, train_j = jnp.asarray(seqs), jnp.asarray(train[:, 1:])
+
   def expanded(p):
-    total = 0.0
-    for c, a in zip(chosen, adv):
-      nodes = path(tree, int(tree.leaves[c]))
-      seq = jnp.asarray(tree.tokens[nodes])[None]
-      logits = _forward(p, seq, jnp.arange(nodes.size)[None])
-      lp = jnp.take_along_axis(jax.nn.log_softmax(logits[0, :-1], -1), seq[0, 1:, None], -1)[:, 0]
-      train = jnp.asarray(tree.trainable[nodes][1:])
-      c_l = 1.0 / tree.trainable[nodes].sum() if norm == "seq_mean" else 1.0
-      total = total + a * c_l * jnp.sum(jnp.where(train, lp, 0.0))
-    return total
+    logits = _forward(p, seqs_j, jnp.broadcast_to(jnp.arange(width), seqs.shape))
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], -1), seqs_j[:, 1:, None], -1)[..., 0]
+    return jnp.sum(scale * jnp.sum(jnp.where(train_j, lp, 0.0), 1))
 
   (l1, g1), (l2, g2) = jax.value_and_grad(dedup)(params), jax.value_and_grad(expanded)(params)
   np.testing.assert_allclose(l1, l2, rtol=1e-5, atol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g1, g2)
-  assert packed.tokens.size < sum(path(tree, int(tree.leaves[c])).size for c in chosen)
+  assert packed.tokens.size < sum(p.size for p in paths)
 
 
 def test_a_tree_mask_of_the_wrong_shape_is_refused():
