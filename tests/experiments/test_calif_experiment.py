@@ -10,7 +10,8 @@ from experiments.calif import summarize as S
 from experiments import gate as G
 from experiments.gate import GATE_FAILED, read_gate
 from rlkit.train.config_checks import validate
-from tests.experiments.test_prorubric_experiment import _write, stand_in  # noqa: F401  (a fixture)
+from tests.experiments.test_prorubric_experiment import stand_in  # noqa: F401  (a fixture)
+from tests.experiments.workdirs import no_training, write_workdir
 
 
 def test_every_preset_validates_on_the_base_and_arms_differ_only_in_their_reward(stand_in):  # noqa: F811
@@ -51,7 +52,7 @@ FINAL = {  # made up: constraints drops the sum, calif keeps it, the KL arm in b
 def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(C.ARMS)):
   """Finished workdirs as run.py leaves them; in seed 1 calif beats the additive control on `both` by 5 points."""
   for seed in seeds:
-    _write(os.path.join(root, f"sft_s{seed}"), {"stages": ["sft"], "sft": {"kind": "sft", "steps": C.SFT_STEPS}},
+    write_workdir(os.path.join(root, f"sft_s{seed}"), {"stages": ["sft"], "sft": {"kind": "sft", "steps": C.SFT_STEPS}},
            [{"stage": "sft", "step": 1, "eval/accuracy": 0.85, "at_stage_start": True},
             {"stage": "sft", "step": C.SFT_STEPS, **SFT}])
     for arm in arms:
@@ -61,7 +62,7 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(C.ARMS)):
       train = [{"stage": "rl", "step": s, "step_s": 3.3, "reward": 0.5} for s in range(1, C.STEPS + 1)]
       evals = [{"stage": "rl", "step": 1, **SFT, "at_stage_start": True}] + [
           {"stage": "rl", "step": s, **final} for s in range(C.EVAL_EVERY, C.STEPS + 1, C.EVAL_EVERY)]
-      _write(os.path.join(root, f"{arm}_s{seed}"), {"stages": ["rl"], "rl": {"kind": "rl", "steps": C.STEPS}},
+      write_workdir(os.path.join(root, f"{arm}_s{seed}"), {"stages": ["rl"], "rl": {"kind": "rl", "steps": C.STEPS}},
              train + evals)
 
 
@@ -70,7 +71,7 @@ def _measured(accuracy=0.9, follow=0.0, sampled_follow=0.3):
 
 
 def test_a_failed_gate_stops_before_the_arms(tmp_path, capsys, monkeypatch):
-  monkeypatch.setattr(G, "launch", _guarded(G))
+  no_training(monkeypatch, G)
   root, archive = str(tmp_path / "root"), str(tmp_path / "archive")
   _synthetic_root(root, arms=())
   assert R.main([f"--root={root}", f"--archive={archive}"], measure_fn=_measured(sampled_follow=0.01)) == GATE_FAILED
@@ -79,16 +80,6 @@ def test_a_failed_gate_stops_before_the_arms(tmp_path, capsys, monkeypatch):
   assert "s0: SFT following rate (greedy) = 0 (<= 0.9): ok" in out
   assert "calibration gate FAILED" in out and "configs/calif.py:calif" not in out
   assert not read_gate(archive)["passed"]
-
-
-def _guarded(module):
-  """`launch` allowed only for finished workdirs (which it skips): a test never trains."""
-  real = module.launch
-
-  def launch(root, path, *args, **kw):
-    assert module.finished(path), f"the test would have trained {path}"
-    return real(root, path, *args, **kw)
-  return launch
 
 
 def test_a_dry_run_gives_calif_its_reference(tmp_path, capsys):
@@ -101,7 +92,7 @@ def test_a_dry_run_gives_calif_its_reference(tmp_path, capsys):
 
 
 def test_gate_archive_and_summary_with_verdicts_per_seed(tmp_path, capsys, monkeypatch):
-  monkeypatch.setattr(G, "launch", _guarded(G))
+  no_training(monkeypatch, G)
   root, archive = str(tmp_path / "root"), str(tmp_path / "archive")
   _synthetic_root(root)
   assert R.main([f"--root={root}", f"--archive={archive}"], measure_fn=_measured()) == 0

@@ -18,6 +18,7 @@ from experiments.gate import GATE_FAILED, read_gate
 from experiments.opd_scale import run as R
 from experiments.opd_scale import summarize as S
 from experiments.opd_scale.overlaps import OVERLAP_FILE, overlap_metrics
+from tests.experiments.workdirs import no_training, write_workdir
 
 
 def _logits(key, n=6, r=4, v=12):
@@ -65,14 +66,6 @@ def test_verdict_rule():
   assert S.verdict("a", "b", [], 0.1) == "-"
 
 
-def _write(path, config, rows):
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f)
-  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
-
-
 ACC_T = {"tbase_sft": 0.95, "tbase_rl": 0.97, "t192sft": 0.80, "t192rl": 0.85, "tself": 0.70}
 
 
@@ -88,11 +81,11 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(ARMS), pilot_overlap=0.8):
           {"stage": stage, "step": teacher_step(t), "eval/accuracy": ACC_T[t]} for t, stage in mine.items()]
       config = {"stages": stages, **{stage: {"kind": stage, "steps": teacher_step(t) - (
           teacher_step(t.replace("rl", "sft")) if stage == "rl" else 0)} for t, stage in mine.items()}}
-      _write(os.path.join(root, f"teacher_{run}_s{seed}"), config, rows)
+      write_workdir(os.path.join(root, f"teacher_{run}_s{seed}"), config, rows)
     for w in STUDENT_WIDTHS:
       config = {"stages": ["sft"], "sft": {"kind": "sft", "steps": STUDENT_MAX_STEPS,
                                            "stop_at_loss": STUDENT_STOP_AT_LOSS[w]}}
-      _write(os.path.join(root, f"student_w{w}_s{seed}"), config,
+      write_workdir(os.path.join(root, f"student_w{w}_s{seed}"), config,
              [{"stage": "sft", "step": 500, "loss": 0.5, "loss_ema": 0.5, "step_s": 0.05},
               {"stage": "sft", "step": 500, "eval/accuracy": 0.2}])
     for arm in arms:
@@ -106,7 +99,7 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(ARMS), pilot_overlap=0.8):
       evals = [{"stage": "distill", "step": 1, "eval/accuracy": 0.2, "at_stage_start": True}] + [
           {"stage": "distill", "step": s, "eval/accuracy": 0.2 + (acc1 - 0.2) * s / DISTILL_STEPS,
            "eval/response_len": 3.0} for s in range(EVAL_EVERY, DISTILL_STEPS + 1, EVAL_EVERY)]
-      _write(os.path.join(root, f"{arm}_s{seed}"), config, train + evals)
+      write_workdir(os.path.join(root, f"{arm}_s{seed}"), config, train + evals)
       metrics = {"overlap@1": overlap, "overlap@5": overlap, "hit@1": overlap, "hit@5": overlap,
                  "reverse_kl": 1 - overlap, "logp_gap": overlap - 1}
       cache[f"initial:{arm}:s{seed}"] = metrics
@@ -120,14 +113,9 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(ARMS), pilot_overlap=0.8):
 
 
 def _no_training(monkeypatch):
-  """The driver's launches, allowed only for finished workdirs (which `launch` skips), and no overlaps process:
-  a test never trains nor loads a checkpoint."""
-  real = R.launch
-
-  def launch(root, path, *args, **kw):
-    assert R.finished(path), f"the test would have trained {path}"
-    return real(root, path, *args, **kw)
-  monkeypatch.setattr(R, "launch", launch)
+  """The driver's launches allowed only for finished workdirs, and no overlaps process: a test never trains nor
+  loads a checkpoint."""
+  no_training(monkeypatch, R)
   monkeypatch.setattr(R, "overlaps", lambda args, seeds: 0)
 
 

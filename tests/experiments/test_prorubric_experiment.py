@@ -14,6 +14,7 @@ from experiments.prorubric import run as R
 from experiments.prorubric import summarize as S
 from rlkit.data import make_task
 from rlkit.train.config_checks import validate
+from tests.experiments.workdirs import no_training, write_workdir
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +66,6 @@ def test_outscoring_share_counts_piles_and_padding_that_beat_the_bare_answer():
   assert R.outscoring_share(task, examples, samples, 0.1) == pytest.approx(2 / 6)    # only the padded ones
 
 
-def _write(path, config, rows):
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f)
-  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
-
-
 SFT = {"eval/accuracy": 0.9, "eval/rubric/clean": 0.9, "eval/rubric/padded": 0.0, "eval/rubric/additive": 0.3}
 FINAL = {  # made up: additive games at W = 1, gated pads, the released arm stays clean
     "additive_w0.1": {"eval/accuracy": 0.88, "eval/rubric/clean": 0.85, "eval/rubric/padded": 0.05},
@@ -89,7 +82,7 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(C.ARMS)):
   """Finished workdirs as run.py leaves them; seed 2's additive_w1.0 ends above its SFT policy (P2 fails there)."""
   walls = []
   for seed in seeds:
-    _write(os.path.join(root, f"sft_s{seed}"), {"stages": ["sft"], "sft": {"kind": "sft", "steps": C.SFT_STEPS}},
+    write_workdir(os.path.join(root, f"sft_s{seed}"), {"stages": ["sft"], "sft": {"kind": "sft", "steps": C.SFT_STEPS}},
            [{"stage": "sft", "step": 1, "eval/accuracy": 0.85, "at_stage_start": True},
             {"stage": "sft", "step": C.SFT_STEPS, **SFT}])
     for arm in arms:
@@ -99,21 +92,11 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(C.ARMS)):
       train = [{"stage": "rl", "step": s, "step_s": 2.5, "reward": 0.5, "accuracy": 0.8} for s in range(1, C.STEPS + 1)]
       evals = [{"stage": "rl", "step": 1, **SFT, "at_stage_start": True}] + [
           {"stage": "rl", "step": s, **final} for s in range(C.EVAL_EVERY, C.STEPS + 1, C.EVAL_EVERY)]
-      _write(os.path.join(root, f"{arm}_s{seed}"), {"stages": ["rl"], "rl": {"kind": "rl", "steps": C.STEPS}},
+      write_workdir(os.path.join(root, f"{arm}_s{seed}"), {"stages": ["rl"], "rl": {"kind": "rl", "steps": C.STEPS}},
              train + evals)
       walls.append({"workdir": os.path.join(root, f"{arm}_s{seed}"), "wall_s": 200.0, "rc": 0})
   with open(os.path.join(root, "runs.jsonl"), "w") as f:
     f.writelines(json.dumps(w) + "\n" for w in walls)
-
-
-def _no_training(monkeypatch):
-  """The driver's launches, allowed only for finished workdirs (which `launch` skips): a test never trains."""
-  real = G.launch
-
-  def launch(root, path, *args, **kw):
-    assert G.finished(path), f"the test would have trained {path}"
-    return real(root, path, *args, **kw)
-  monkeypatch.setattr(G, "launch", launch)
 
 
 def _measured(accuracy=0.9, outscoring=0.05, hotter=0.05):
@@ -123,7 +106,7 @@ def _measured(accuracy=0.9, outscoring=0.05, hotter=0.05):
 
 
 def test_a_failed_gate_stops_before_the_arms(tmp_path, capsys, monkeypatch):
-  _no_training(monkeypatch)
+  no_training(monkeypatch, G)
   root, archive = str(tmp_path / "root"), str(tmp_path / "archive")
   _synthetic_root(root, arms=())
   measure = _measured(outscoring=0.002, hotter=0.008)
@@ -140,7 +123,7 @@ def test_a_failed_gate_stops_before_the_arms(tmp_path, capsys, monkeypatch):
 
 
 def test_the_gate_is_measured_once(tmp_path, monkeypatch):
-  _no_training(monkeypatch)
+  no_training(monkeypatch, G)
   root = str(tmp_path / "root")
   _synthetic_root(root)
   calls = []
@@ -178,7 +161,7 @@ def test_a_dry_run_prints_every_command(tmp_path, capsys):
 
 
 def test_gate_archive_and_summary_with_verdicts_per_seed(tmp_path, capsys, monkeypatch):
-  _no_training(monkeypatch)
+  no_training(monkeypatch, G)
   root, archive = str(tmp_path / "root"), str(tmp_path / "archive")
   _synthetic_root(root)
   assert R.main([f"--root={root}", f"--archive={archive}"], measure_fn=_measured()) == 0

@@ -13,6 +13,7 @@ from experiments.gate import GATE_FAILED, read_gate
 from experiments.xtok_opd import run as R
 from experiments.xtok_opd import summarize as S
 from experiments.xtok_opd.make_bpe import FILES, alignment_report, make_tokenizers
+from tests.experiments.workdirs import no_training, write_workdir
 
 
 def test_the_presets_tokenizers_are_what_make_bpe_trains_and_other_tokenizers_are_refused(tmp_path):
@@ -33,27 +34,19 @@ def test_the_presets_tokenizers_are_what_make_bpe_trains_and_other_tokenizers_ar
     make_tokenizers(str(tmp_path))
 
 
-def _write(path, config, rows):
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f)
-  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
-
-
 def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(ARMS), pilot_gain=0.2):
   """Finished workdirs as run.py leaves them, with made-up numbers: the teacher at 0.95, students at 0.25, the
   OPD arms gaining by mode (both > aligned > spans), and the command walls of ROOT/runs.jsonl."""
   gains = {"sft_demo": 0.40, "aligned": 0.12, "spans": 0.05, "both": 0.18, "same_tok": pilot_gain}
   walls = []
   for seed in seeds:
-    _write(os.path.join(root, f"teacher_s{seed}"), {"stages": ["sft"], "sft": {"kind": "sft", "steps": BASE_SFT_STEPS}},
+    write_workdir(os.path.join(root, f"teacher_s{seed}"), {"stages": ["sft"], "sft": {"kind": "sft", "steps": BASE_SFT_STEPS}},
            [{"stage": "sft", "step": 1, "eval/accuracy": 0.9, "at_stage_start": True},
             {"stage": "sft", "step": BASE_SFT_STEPS, "eval/accuracy": 0.95}])
     for tok in ("b", "d"):
       config = {"stages": ["sft"], "sft": {"kind": "sft", "steps": STUDENT_MAX_STEPS,
                                            "stop_at_loss": STUDENT_STOP_AT_LOSS[tok]}}
-      _write(os.path.join(root, f"student_{tok}_s{seed}"), config,
+      write_workdir(os.path.join(root, f"student_{tok}_s{seed}"), config,
              [{"stage": "sft", "step": 600, "loss": 0.5, "loss_ema": 0.5, "step_s": 0.05},
               {"stage": "sft", "step": 600, "eval/accuracy": 0.25}])
     for arm in arms:
@@ -64,7 +57,7 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(ARMS), pilot_gain=0.2):
       evals = [{"stage": kind, "step": 1, "eval/accuracy": 0.25, "at_stage_start": True}] + [
           {"stage": kind, "step": s, "eval/accuracy": 0.25 + gains[arm] * s / STEPS + 0.01 * seed}
           for s in range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)]
-      _write(os.path.join(root, f"{arm}_s{seed}"), {"stages": [kind], kind: {"kind": kind, "steps": STEPS}},
+      write_workdir(os.path.join(root, f"{arm}_s{seed}"), {"stages": [kind], kind: {"kind": kind, "steps": STEPS}},
              train + evals)
     for name in (*R.BASES, *arms):
       walls.append({"workdir": os.path.join(root, f"{name}_s{seed}"), "wall_s": 60.0, "rc": 0})
@@ -72,18 +65,8 @@ def _synthetic_root(root, seeds=(0, 1, 2), arms=tuple(ARMS), pilot_gain=0.2):
     f.writelines(json.dumps(w) + "\n" for w in walls)
 
 
-def _no_training(monkeypatch):
-  """The driver's launches, allowed only for finished workdirs (which `launch` skips): a test never trains."""
-  real = R.launch
-
-  def launch(root, path, *args, **kw):
-    assert R.finished(path), f"the test would have trained {path}"
-    return real(root, path, *args, **kw)
-  monkeypatch.setattr(R, "launch", launch)
-
-
 def test_a_failed_gate_stops_before_the_arms(tmp_path, capsys, monkeypatch):
-  _no_training(monkeypatch)
+  no_training(monkeypatch, R)
   root = str(tmp_path / "root")
   _synthetic_root(root, seeds=(0,), arms=(PILOT,), pilot_gain=0.04)       # the pilot moved 4 points: too little
   assert R.main([f"--root={root}", "--dry_run"]) == GATE_FAILED
@@ -95,7 +78,7 @@ def test_a_failed_gate_stops_before_the_arms(tmp_path, capsys, monkeypatch):
 
 
 def test_gate_archive_and_summary_of_a_synthetic_run(tmp_path, capsys, monkeypatch):
-  _no_training(monkeypatch)
+  no_training(monkeypatch, R)
   root, archive = str(tmp_path / "root"), str(tmp_path / "archive")
   _synthetic_root(root)
   assert R.main([f"--root={root}", f"--archive={archive}"]) == 0
