@@ -20,16 +20,9 @@ from experiments.calif import summarize as calif
 from experiments.driver import SMOKE_RUN, add_summary_args, summary_path, verdict_or_smoke
 from experiments.grpo_arith import summarize as grpo_arith
 from experiments.logra import summarize as logra
+from tests.experiments.workdirs import write_workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _workdir(path, config, rows):
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f)
-  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 def _rl_run(path, steps, acc, stage="rl", every=None, **extra):
@@ -38,7 +31,7 @@ def _rl_run(path, steps, acc, stage="rl", every=None, **extra):
            for s in range(1, steps + 1)]
   evals = [{"stage": stage, "step": s, "eval/accuracy": acc, "eval/pass@4": acc + 0.1}
            for s in range(every or steps, steps + 1, every or steps)]
-  _workdir(path, {"stages": [stage], stage: {"steps": steps}}, train + evals)
+  write_workdir(path, {"stages": [stage], stage: {"steps": steps}}, train + evals)
 
 
 @pytest.fixture
@@ -133,7 +126,7 @@ def _calibrated_is_archive(root, quick_flags, fp8_mismatch=0.05):
              "mismatch/max": 10 * mismatch, "rollout_corr/kl": mismatch / 10, "rollout_corr/k3_kl": mismatch / 10,
              "rollout_corr/rollout_is_ratio_fraction_high": 0.1} for s in (1, 2, 3)]
     rows.append({"stage": "rl", "step": 3, "eval/accuracy": 0.7})
-    _workdir(os.path.join(root, f"gate_{copy}"), {"stages": ["rl"], "rl": {"steps": 3}}, rows)
+    write_workdir(os.path.join(root, f"gate_{copy}"), {"stages": ["rl"], "rl": {"steps": 3}}, rows)
     gate_rows[copy] = rows
   outcome = mismatch_gate.evaluate(gate_rows)
   record_gate(root, "calibrated_is", mismatch_gate.checks(outcome), passed=outcome["passed"],
@@ -215,7 +208,7 @@ def test_grpo_arith_plot_goes_beside_the_workdirs(tmp_path, capsys, committed_pl
     rows.append({"stage": "sft", "step": 10, "eval/accuracy": 0.2, "eval/pass@4": 0.3})
     rows += [{"stage": "rl", "step": s, "reward": 0.5, "step_s": 0.1} for s in range(11, 41)]
     rows.append({"stage": "rl", "step": 40, "eval/accuracy": 0.5, "eval/pass@4": 0.6})
-    _workdir(str(runs / f"w_s{seed}"), {"seed": seed, "stages": ["sft", "rl"], "sft": {"steps": 10},
+    write_workdir(str(runs / f"w_s{seed}"), {"seed": seed, "stages": ["sft", "rl"], "sft": {"steps": 10},
                                        "rl": {"steps": 30}}, rows)
   grpo_arith.main([str(runs / "w_s0"), str(runs / "w_s1")])
   assert "mean gain +30.0 points" in capsys.readouterr().out
