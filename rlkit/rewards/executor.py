@@ -55,7 +55,7 @@ START_TIMEOUT_S = 120.0     # worker start-up, and loading a call's message (its
 MAX_RESTARTS_PER_CALL = 2   # workers killed (C hang) or crashed in one call before its remaining rows are given up
 _SLOTS = 1 << 14            # float64 values per chunk in shared memory (a chunk holds _SLOTS // width rows)
 _LOAD_POLL_S = 0.02         # how often the parent checks whether a loading worker started its first row
-_MESSAGE_CHARS = 500        # an exception message is cut to this length in the log
+MESSAGE_CHARS = 500        # an exception message is cut to this length in the log
 
 # Per-row status in shared memory: pending, done, alarm timeout, or the k-th exception type of the chunk.
 _PENDING, _OK, _TIMEOUT, _ERROR = 0, 1, 2, 3
@@ -85,10 +85,10 @@ def _as_values(out: Any, width: int) -> Any:
   return values
 
 
-def _describe(e: BaseException) -> str:
+def describe_exception(e: BaseException) -> str:
   message = str(e)
-  if len(message) > _MESSAGE_CHARS:
-    message = message[:_MESSAGE_CHARS] + "..."
+  if len(message) > MESSAGE_CHARS:
+    message = message[:MESSAGE_CHARS] + "..."
   frames = traceback.extract_tb(e.__traceback__)
   return f"{message} (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else message
 
@@ -120,11 +120,11 @@ def _run_rows(fn, rows, width, alarm_s, values, status, stamp, report_new_type) 
       name = type(e).__name__
       if name not in types:
         types[name] = len(types)
-        report_new_type(types[name], name, _describe(e), i)
+        report_new_type(types[name], name, describe_exception(e), i)
       status[i] = _ERROR + types[name]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
   """Linux: SIGKILL this worker when its parent dies, so no orphan outlives a killed trainer."""
   try:
     import ctypes
@@ -136,7 +136,7 @@ def _die_with_parent() -> None:
 def _worker_main(conn, values_buf, status_buf, stamp_buf) -> None:
   signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle; it then closes us
   signal.signal(signal.SIGALRM, _raise_row_timeout)
-  _die_with_parent()
+  die_with_parent()
   values = np.frombuffer(values_buf, np.float64)
   status = np.frombuffer(status_buf, np.int32)
   stamp = np.frombuffer(stamp_buf, np.float64)
@@ -158,7 +158,7 @@ def _worker_main(conn, values_buf, status_buf, stamp_buf) -> None:
     conn.send(("done",))
 
 
-def _stop_worker(proc, conn) -> None:
+def stop_worker(proc, conn) -> None:
   """Kills the worker: it holds no state, and a clean exit of a process that imported jax takes ~0.5 s."""
   try:
     conn.close()
@@ -168,9 +168,9 @@ def _stop_worker(proc, conn) -> None:
   proc.join(5.0)
 
 
-def _fn_label(fn) -> str:
+def fn_label(fn) -> str:
   if isinstance(fn, functools.partial):
-    return f"{_fn_label(fn.func)}({', '.join(type(a).__name__ for a in fn.args)}, ...)"
+    return f"{fn_label(fn.func)}({', '.join(type(a).__name__ for a in fn.args)}, ...)"
   owner = getattr(fn, "__self__", None)
   if owner is not None and not isinstance(owner, type(functools)):
     return f"{type(owner).__name__}.{getattr(fn, '__name__', '?')}"
@@ -251,7 +251,7 @@ class VerifierExecutor:
     for kind, count in failures.items():
       row, message = first[kind]
       logging.warning("%s: %d of %d rows failed with %s; first at row %d: %s",
-                      _fn_label(fn), count, n, kind, row, message)
+                      fn_label(fn), count, n, kind, row, message)
     return RowResults(values[:, 0] if fallback.ndim == 0 else values, failed, failures)
 
   def close(self) -> None:
@@ -295,7 +295,7 @@ class VerifierExecutor:
     proc.start()
     child_conn.close()          # else the parent never sees EOF when the worker dies
     self._proc, self._conn, self._ready, self._worker_fn = proc, parent_conn, False, None
-    self._stop = weakref.finalize(self, _stop_worker, proc, parent_conn)
+    self._stop = weakref.finalize(self, stop_worker, proc, parent_conn)
 
   def _discard_worker(self) -> None:
     if self._stop is not None:
@@ -371,7 +371,7 @@ class VerifierExecutor:
     try:
       payload = pickle.dumps((send_fn, rows[start:stop], width, self.timeout_s), pickle.HIGHEST_PROTOCOL)
     except Exception as e:  # noqa: BLE001
-      raise TypeError(f"VerifierExecutor: {_fn_label(fn)} and its rows must pickle to run in the worker process "
+      raise TypeError(f"VerifierExecutor: {fn_label(fn)} and its rows must pickle to run in the worker process "
                       f"({type(e).__name__}: {e}). Use a module-level function or a method of a frozen "
                       "dataclass, or timeout_s=0 to run inline.") from e
     try:
@@ -394,7 +394,7 @@ class VerifierExecutor:
         first.setdefault(name, (start + row, text))
       elif message[0] == "load_error":
         self._worker_fn = None
-        raise TypeError(f"VerifierExecutor: the worker could not load {_fn_label(fn)} or its rows "
+        raise TypeError(f"VerifierExecutor: the worker could not load {fn_label(fn)} or its rows "
                         f"({message[1]}); it must be importable there (defined at module level).")
       return message[0] == "done"
 
@@ -423,7 +423,7 @@ class VerifierExecutor:
         code = self._proc.exitcode
         self._kill_worker()
         raise RuntimeError(f"the verifier worker {'died' if stopped == 'crash' else 'hung'} while loading a call "
-                           f"to {_fn_label(fn)} (exit code {code}).")
+                           f"to {fn_label(fn)} (exit code {code}).")
       self._proc.kill()
       self._proc.join(5.0)
       try:                      # error types it reported before it was killed name statuses written since
