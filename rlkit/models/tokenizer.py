@@ -244,11 +244,19 @@ class HFTokenizer:
       raise ValueError(f"HFTokenizer: id {bad[0]} is outside the vocabulary (size {self.vocab_size}).")
     if not self._byte_level:
       return _joined([self._piece(ids, k) if i not in self._no_text else "" for k, i in enumerate(ids)])
-    table, pieces = _byte_level_table(), []
-    for i in ids:
-      token = "" if i in self._no_text else self._tok.id_to_token(i)
-      pieces.append(bytes(table[c] for c in token) if all(c in table for c in token) else token.encode())
-    return _lossy_utf8_offsets(pieces)
+    return _lossy_utf8_offsets([self._bytes(i) for i in ids])
+
+  def _bytes(self, i: int) -> bytes:
+    """Byte-level BPE: token i's bytes (its symbols through the byte table; an added token is its own UTF-8)."""
+    token = "" if i in self._no_text else self._tok.id_to_token(i)
+    table = _byte_level_table()
+    return bytes(table[c] for c in token) if all(c in table for c in token) else token.encode()
+
+  def token_bytes(self) -> list[bytes]:
+    """Every id's bytes (specials: empty): exact for byte-level BPE, else each token decoded on its own."""
+    if self._byte_level:
+      return [self._bytes(i) for i in range(self.vocab_size)]
+    return [b"" if i in self._no_text else self._tok.decode([i]).encode() for i in range(self.vocab_size)]
 
   def _piece(self, ids: list[int], k: int, context: int = 4) -> str:
     """Token k's text: what it adds to the decoding of the (up to `context`) ids before it."""
@@ -312,6 +320,15 @@ def _lossy_utf8_offsets(pieces: Sequence[bytes]) -> tuple[str, list[tuple[int, i
 def _joined(pieces: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
   ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
   return "".join(pieces), [(int(e) - len(p), int(e)) for p, e in zip(pieces, ends)]
+
+
+def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
+  """The bytes of every id of `tokenizer`'s vocabulary (special tokens: empty), for text matching at the token
+  level (`rlkit.rollout.stop_strings`): the tokenizer's own `token_bytes()` where it has one, else each id
+  decoded on its own (a piece that is part of a character then reads as U+FFFD)."""
+  if hasattr(tokenizer, "token_bytes"):
+    return tokenizer.token_bytes()
+  return [tokenizer.decode([i], skip_special=True).encode() for i in range(tokenizer.vocab_size)]
 
 
 def make_tokenizer(kind: str, **kw) -> Tokenizer:

@@ -131,11 +131,13 @@ def prefill_state(model: Transformer, variables, prompt: Array, prompt_mask: Arr
 
 
 def decode_steps(model: Transformer, variables, s: DecodeState, cfg: SamplingConfig,
-                 perturb: Optional[Callable[[Array, Array], Array]] = None, feed_last: bool = True) -> DecodeState:
+                 perturb: Optional[Callable[[Array, Array], Array]] = None, feed_last: bool = True,
+                 stop_table: Optional[tuple[Array, Array]] = None) -> DecodeState:
   """Draws up to `cfg.max_new_tokens` tokens per row from column `s.used` on, until every row has emitted one
-  of `cfg.stop_ids` or the budget or the buffer is used up. The first draw is unconditional: the caller
-  guarantees a free column and a live row (`decode_until` checks). feed_last=False skips the forward pass
-  of the last drawn token (`generate`, dense: nothing reads it); the state's cache and logits then lag it."""
+  of `cfg.stop_ids` (or completed a stop string of `stop_table`, `rlkit.rollout.stop_strings`: matched from
+  this call's first token) or the budget or the buffer is used up. The first draw is unconditional: the
+  caller guarantees a free column and a live row (`decode_until` checks). feed_last=False skips the forward
+  pass of the last drawn token (`generate`, dense: nothing reads it); the state's cache and logits then lag."""
   b, cap = s.tokens.shape
   p, r, mcfg = s.prompt_len, cfg.max_new_tokens, model.cfg
   moe = s.routed is not None
@@ -174,6 +176,11 @@ def decode_steps(model: Transformer, variables, s: DecodeState, cfg: SamplingCon
       stopped = stopped | (tok == stop)
     col = start + i
     nxt = dict(c, tok=tok, live=live, i=i + 1)
+    if stop_table is not None:   # each string's automaton state, advanced by the drawn token
+      table, accept = stop_table
+      matched = table[jnp.arange(table.shape[0])[None, :], c["matched"], tok[:, None]]      # [B, S]
+      stopped = stopped | jnp.any(matched >= accept[None, :], axis=1)
+      nxt["matched"] = matched
     nxt["response"] = jax.lax.dynamic_update_slice(c["response"], tok[:, None], (0, col))
     nxt["logprobs"] = jax.lax.dynamic_update_slice(
         c["logprobs"], jnp.where(live, tok_logp, 0.0)[:, None], (0, col))
@@ -206,6 +213,8 @@ def decode_steps(model: Transformer, variables, s: DecodeState, cfg: SamplingCon
                live=jnp.zeros((b,), bool), response=s.tokens, logprobs=s.logprobs, mask=s.mask, done=s.done)
   if moe:
     carry["routed"] = s.routed
+  if stop_table is not None:
+    carry["matched"] = jnp.zeros((b, stop_table[0].shape[0]), jnp.int32)
   c = jax.lax.while_loop(cond, body, draw(carry, s.logits))
   logits = s.logits
   if feed_last or moe:   # MoE: the routing of the last drawn token is part of the record
@@ -274,25 +283,28 @@ def prefill(model: Transformer, params: Any, prompt: Array, prompt_mask: Array, 
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
-def _decode_until(model, cfg, perturb, params, s):
+def _decode_until(model, cfg, perturb, params, s, stop_table):
   variables = {"params": with_decode_layout(params, model.cfg)}
   go = (s.used < s.capacity) & ~jnp.all(s.done)
-  s = jax.lax.cond(go, lambda s: decode_steps(model, variables, s, cfg, perturb),
+  s = jax.lax.cond(go, lambda s: decode_steps(model, variables, s, cfg, perturb, stop_table=stop_table),
                    lambda s: s.replace(key=jax.random.fold_in(s.key, NEXT_STREAM)), s)
   return s
 
 
 def decode_until(model: Transformer, params: Any, state: DecodeState, cfg: SamplingConfig,
                  stop_ids: Optional[tuple[int, ...]] = None, budget: Optional[int] = None,
-                 perturb: Optional[Callable[[Array, Array], Array]] = None) -> DecodeState:
-  """Samples with `cfg` until every row has emitted a token of `stop_ids` (default `cfg.stop_ids`), drawn
+                 perturb: Optional[Callable[[Array, Array], Array]] = None,
+                 stop_strings=None) -> DecodeState:
+  """Samples with `cfg` until every row has emitted a token of `stop_ids` (default `cfg.stop_ids`) or, with
+  `stop_strings` (a `rlkit.rollout.stop_strings.StopTable`), written one of its strings in this call, drawn
   `budget` tokens (default `cfg.max_new_tokens`) in this call, or filled its buffer; rows already `done`
   draw nothing. `perturb` is `rlkit.rollout.sampler.generate`'s hook. `state` is donated."""
   if budget is not None and budget < 1:
     raise ValueError(f"decode_until: budget={budget} must be >= 1 (the most tokens a row draws in this call).")
   cfg = dataclasses.replace(cfg, stop_ids=tuple(cfg.stop_ids if stop_ids is None else stop_ids),
                             max_new_tokens=int(cfg.max_new_tokens if budget is None else budget))
-  return _decode_until(model, cfg, perturb, params, state)
+  table = None if stop_strings is None else (jnp.asarray(stop_strings.table), jnp.asarray(stop_strings.accept))
+  return _decode_until(model, cfg, perturb, params, state, table)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
