@@ -105,7 +105,7 @@ class Learner:
                                   engine.dtype)
     self.sampler_model = self.sync.model
     self.collect = weight_sync.on_sampler(self.sync, COLLECTORS.get(cfg.collector).make(
-        cfg, CollectEnv(tok, ctx.task, ctx.models)))
+        cfg, CollectEnv(tok, ctx.task, ctx.models, ctx.config.model.path)))
     self.augmenter = augmenter or build_augmenter(cfg, AugmentEnv(tok, reward_fn, cfg, ctx.put_batch, ctx.models))
     # the traced step inputs that follow a schedule: the augmenter's defaults, overridden by rl.schedules
     self.schedules = {**AUGMENTERS.get(cfg.augment).schedules(cfg), **cfg.schedules.to_dict()}
@@ -185,6 +185,7 @@ class Learner:
     samples, rewards, first, rounds = self.sample(state, batch, key, iterator)
     lengths = host_rows(samples.rollout.lengths)            # the policy's rows, before any augmentation
     metrics = policy_metrics(rewards, lengths, cfg.group_size)
+    metrics.update({f"collect/{k}": v for k, v in samples.metrics.items()})
     samples, rewards = self.augmenter(samples, rewards, jax.random.fold_in(key, 5_000), step)
     sample_s = time.perf_counter() - t0
     t1 = time.perf_counter()

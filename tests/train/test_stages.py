@@ -519,6 +519,11 @@ COVERED_ELSEWHERE = {
     **{f"slca.{k}": "tests/objectives/test_segments.py::test_the_estimator_reads_the_reward_and_the_batch_and_"
                     "every_field_acts (single-turn runs have no tool-call or summary tokens)"
        for k in ("kinds", "weights", "scale", "gate", "gate_threshold")},
+    **{f"multi_turn.{k}": "tests/train/test_multi_turn.py::test_every_multi_turn_field_acts (on the collector)"
+       for k in ("env", "max_turns", "turn_tokens", "renderer", "chat_template", "observation_role")},
+    "multi_turn.tools": "tests/agents/test_tools.py (user tools load by name and run as the calculator's do)",
+    "multi_turn.tool_timeout_s": "tests/agents/test_tools.py::test_calls_become_results_or_error_observations_"
+                                 "within_the_time_limit, and tests/agents/test_runner.py",
     **{f"sync.{k}": "tests/train/test_weight_sync.py::test_every_sync_field_changes_the_sampler_copy (the "
                     "sampler copy needs a mesh; the RL runs with sync on are in that file too)"
        for k in ("kind", "dtype", "capacity_frac", "impl", "mesh.data", "mesh.fsdp", "mesh.tensor", "verify_dense")},

@@ -41,6 +41,9 @@ class Samples:
   row_source: np.ndarray        # [n] int32 index into ROW_SOURCES
   valid: np.ndarray             # [n] bool; False on padding rows (all masks False)
   weight: Optional[np.ndarray] = None   # [n] float32 loss weight of each row (TrainBatch.token_weights); None: 1
+  metrics: dict = dataclasses.field(default_factory=dict)   # name -> count the collector reports (logged as
+                                # collect/<name>: tool errors, episodes cut); they describe the collection
+                                # work, so `take` keeps them whole and `concat` sums them
 
   def __len__(self) -> int:
     return len(self.examples)
@@ -51,7 +54,8 @@ class Samples:
   def take(self, rows: np.ndarray) -> "Samples":
     rows = np.asarray(rows, np.int64)
     return Samples(take_rows(self.rollout, rows, len(self)), [self.examples[i] for i in rows],
-                   self.row_source[rows], self.valid[rows], None if self.weight is None else self.weight[rows])
+                   self.row_source[rows], self.valid[rows], None if self.weight is None else self.weight[rows],
+                   self.metrics)
 
   @staticmethod
   def concat(parts: Sequence["Samples"]) -> "Samples":
@@ -59,8 +63,13 @@ class Samples:
       return parts[0]
     rollout = concat_rows([p.rollout for p in parts], [len(p) for p in parts])
     weight = None if all(p.weight is None for p in parts) else np.concatenate([p.weights() for p in parts])
+    metrics = {}
+    for p in parts:
+      for k, v in p.metrics.items():
+        metrics[k] = metrics.get(k, 0) + v
     return Samples(rollout, [x for p in parts for x in p.examples],
-                   np.concatenate([p.row_source for p in parts]), np.concatenate([p.valid for p in parts]), weight)
+                   np.concatenate([p.row_source for p in parts]), np.concatenate([p.valid for p in parts]), weight,
+                   metrics)
 
 
 def collect(model, params, batch: dict, key: jax.Array, sampling: SamplingConfig, group_size: int,
@@ -90,10 +99,12 @@ def sampling_config(cfg, tokenizer) -> SamplingConfig:
 
 class CollectEnv(NamedTuple):
   """What a collector may build from besides its section: the run's tokenizer (to encode observations and
-  tool results), its task and the `config.models` roles (rlkit.train.models.Model), e.g. a simulated user."""
+  tool results), its task, the `config.models` roles (rlkit.train.models.Model), e.g. a simulated user, and
+  the policy's model folder."""
   tokenizer: Any
   task: Any = None
   models: dict = {}
+  model_path: str = ""   # the policy's `model.path` (a Hugging Face folder: e.g. its chat template), or ""
 
 
 def _no_check(section, name: str) -> None:
