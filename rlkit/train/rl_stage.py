@@ -254,6 +254,9 @@ def validate(section, name: str) -> None:
   choice(section.filter, FILTERS, f"{name}.filter")
   choice(section.collector, COLLECTORS, f"{name}.collector")
   choice(section.policy, POLICIES, f"{name}.policy")
+  policy_check = getattr(POLICIES.get(section.policy), "check", None)   # a policy's own requirements, if any
+  if policy_check is not None:
+    policy_check(section, name)
   check_sections(section, name)                # correction, distill, onepo, critic, sync, ... (their own modules)
   choice(section.augment, AUGMENTERS, f"{name}.augment")
   for term in section.loss_terms.keys():

@@ -962,6 +962,15 @@ def test_slca_with_one_segment_kind_is_grpo_exactly_on_the_stage():
   assert [r["loss"] for r in slca.rows] == [r["loss"] for r in grpo.rows]
 
 
+def test_the_tree_policy_trains_as_the_expanded_rows_do():
+  """rl.policy=llm_tree (each group's prompt once, tests/train/test_tree_policy.py) on the stage: the same losses
+  and updates as `llm` up to float reassociation."""
+  tree, rows = run_stage({"policy": "llm_tree", "steps": 2}), run_stage({"steps": 2})
+  np.testing.assert_allclose([r["loss"] for r in tree.rows], [r["loss"] for r in rows.rows], rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(tree.delta, rows.delta, atol=1e-5)
+  assert np.abs(rows.delta).max() > 1e-4
+
+
 def test_huatuo_replaces_at_most_one_rollout_per_group_until_its_cutoff():
   """The released rule on the stage: groups keep their size, each holds at most one teacher row (the scripted
   answer, the group's only reward above 0, so its advantage is the group's largest), which the floored term
