@@ -2,9 +2,9 @@
 rquest) shares, plus one sub-section per component registered in `rlkit.core.sections.RL_SECTIONS`.
 
 The built-in components register their sections on import (correction, rollout_mismatch, distill, onepo, slca,
-multi_turn, critic, sync), so importing this module gives the complete section; a method's own module registers its
-section the same way before its config file calls `rl_defaults()`. Every field is commented once where it is
-defined (the config printer, `launch.py --print_config`, reads those comments).
+srd, multi_turn, critic, sync), so importing this module gives the complete section; a method's own module
+registers its section the same way before its config file calls `rl_defaults()`. Every field is commented once
+where it is defined (the config printer, `launch.py --print_config`, reads those comments).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rlkit.optim.optimizers import optimizer_defaults
 # (registered on import):
 from rlkit.objectives import correction  # noqa: F401
 from rlkit.rollout import mismatch  # noqa: F401
-from rlkit.train import critic, distill, multi_turn, onepo, overlong, slca, tree_policy, weight_sync  # noqa: F401
+from rlkit.train import critic, distill, multi_turn, onepo, overlong, slca, srd, tree_policy, weight_sync  # noqa: F401
 
 
 def rl_defaults() -> ml_collections.ConfigDict:

@@ -519,7 +519,10 @@ COVERED_ELSEWHERE = {
     **{f"slca.{k}": "tests/objectives/test_segments.py::test_the_estimator_reads_the_reward_and_the_batch_and_"
                     "every_field_acts (single-turn runs have no tool-call or summary tokens)"
        for k in ("kinds", "weights", "scale", "gate", "gate_threshold")},
-    **{f"multi_turn.{k}": "tests/train/test_multi_turn.py::test_every_multi_turn_field_acts (on the collector)"
+    **{f"srd.{k}": "tests/train/test_srd_stage.py::test_every_srd_field_acts (the hindsight scorer and the srd "
+                   "terms on a key_door run's scored batch: single-turn runs have no episode to show)"
+       for k in ("hindsight", "field", "template", "weight_hi", "weight_lo", "zero_tol", "top_k", "beta")},
+    **{f"multi_turn.{k}": "tests/train/test_multi_turn_stage.py::test_every_multi_turn_field_acts (on the collector)"
        for k in ("env", "max_turns", "turn_tokens", "renderer", "chat_template", "observation_role")},
     "multi_turn.tools": "tests/agents/test_tools.py (user tools load by name and run as the calculator's do)",
     "multi_turn.tool_timeout_s": "tests/agents/test_tools.py::test_calls_become_results_or_error_observations_"

@@ -20,6 +20,7 @@ e.g. GRAFT's peer rows, whose weights read the advantages). The built-in ones:
   xtok_teacher  a teacher with another tokenizer: the aligned advantage and positions               train/distill.py
   critic        extras["values"] of the value model; its update after the policy's                  train/critic.py
   graft         the weights and rejections of GRAFT's peer rows (when: advantages)                  train/graft_stage.py
+  hindsight     SRD's retrospective teacher: the policy's log-probs with hindsight (when: advantages) train/srd.py
 
 All are taken under the sampler's processing (temperature, top-k, top-p), so the mismatch metric
 (`rl_metrics.mismatch`: trainer old_logp vs the sampler's `rollout_logp`, policy rows) measures numerics
