@@ -52,6 +52,7 @@ def get_config(arg=None):
     c.rl.reward.name = "tool_task"
     c.rl.reward.kwargs.judge_noise = 0.5
     c.rl.advantage = "slca"          # execution -> tool_call tokens, the judge -> summary tokens
+    c.eval.max_new_tokens = 24       # single-turn evaluation grades the call: room for the longest one
   else:
     c.task.name = "key_door"
     c.data.max_prompt_len = 96

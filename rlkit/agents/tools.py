@@ -3,7 +3,10 @@
 the episode (it was the answer). Registered in `AGENT_ENVS`:
 
   calculator   add, sub, mul on integers: the tool task of SLCA-GRPO (methods/llm.md §10), whose prompts are the
-               `tool_calls` task's ("What is 23 times 4?") and whose reward is `tool_task` (rlkit/agents/tool_task.py)
+               `tool_calls` task's ("What is 23 times 4?") and whose reward is `tool_task` (rlkit/agents/tool_task.py);
+               its answer ends with "<say>", opening the summary turn (`ToolEnv.opens`): the corpus writes
+               "</result><say>" with the token "><" across the tags, so a base that was shown "</result>" alone
+               wrote the summary without its opening tag
   tools        the user's own Python functions, named in `rl.multi_turn.tools` as "module:function" (README,
                "Your own tools"): a function takes the call's arguments (Python literals: numbers, strings)
                and returns what the policy reads (str() of it)
@@ -63,6 +66,8 @@ class ToolEnv:
   """Calls `tools` (name -> picklable function) through the runner; see the module docstring."""
   tools: Mapping[str, Callable]
   stop_strings: tuple[str, ...] = (CALL_END,)
+  opens: str = ""          # text after each answer that opens the policy's next turn, as a chat template's
+                           # generation prompt does (the calculator: "<say>", its summary, as the corpus writes it)
 
   def reset(self, example: dict, seed: int) -> ToolEpisode:
     del example, seed
@@ -86,7 +91,7 @@ class ToolEnv:
         r = results[i]
         call = Call(p[0], p[1], None if r.error else str(r.value), r.error)
         count = None if r.error is None else "tool_timeout" if r.error == "timeout" else "tool_error"
-      obs = f"<error>{call.error}</error>" if call.error else f"<result>{call.result}</result>"
+      obs = (f"<error>{call.error}</error>" if call.error else f"<result>{call.result}</result>") + self.opens
       steps.append(Step(obs, ToolEpisode(state.calls + (call,)), {count: 1} if count else {}))
     return steps
 
@@ -139,7 +144,7 @@ def load_tools(spec: str, where: str = "rl.multi_turn.tools") -> dict[str, Calla
   return tools
 
 
-AGENT_ENVS.add("calculator", EnvSpec(lambda section, tokenizer: ToolEnv(CALCULATOR)))
+AGENT_ENVS.add("calculator", EnvSpec(lambda section, tokenizer: ToolEnv(CALCULATOR, opens="<say>")))
 def _check_tools(section, name: str) -> None:
   load_tools(section.tools, f"{name}.tools")
 

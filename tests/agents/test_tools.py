@@ -55,6 +55,14 @@ def test_calls_become_results_or_error_observations_within_the_time_limit(runner
   assert summary == {"calls": [{"tool": "mul", "args": [23, 4], "result": "92", "error": None}]}
 
 
+def test_the_calculator_opens_the_summary_after_its_answer(runner):
+  """The corpus writes "</result><say>" (BPE's "><" spans the tags): the calculator's answer opens the summary."""
+  from rlkit.agents.envs import AGENT_ENVS
+  env = AGENT_ENVS.get("calculator").make(None, None)
+  step, = env.step([env.reset({}, 0)], ["<call>add(2,3)</call>"], runner.map)
+  assert step.observation == "<result>5</result><say>"
+
+
 def test_user_tools_load_by_name_and_bad_names_are_clear():
   tools = load_tools("tests.agents.test_tools:lookup")
   assert tools["lookup"]("paris") == "France"
