@@ -55,12 +55,16 @@ def get_config(arg=None):
     c.eval.max_new_tokens = 24       # single-turn evaluation grades the call: room for the longest one
   else:
     c.task.name = "key_door"
-    c.data.max_prompt_len = 96
+    c.data.max_prompt_len = 184      # the longest prompt in the base's tokens (its corpus never held these words)
+    c.data.num_train = 15            # the task has 16 distinct prompts (3 rooms); one held out
+    c.data.num_test = 1
+    c.eval.num_examples = 1          # single-turn evaluation means little for an agent: success is reward/success
+    c.eval.batch_size = 1
     mt.env = "key_door"
     mt.env_kwargs.max_actions = 8
     mt.max_turns = 8
-    mt.turn_tokens = 12
-    c.rl.max_new_tokens = 240        # 8 actions and their room descriptions
+    mt.turn_tokens = 24              # the longest action, "<act>take yellow key</act>", is 21 tokens
+    c.rl.max_new_tokens = 512        # 8 actions and their room descriptions
     c.rl.reward.name = "key_door"
   if preset == "test":
     c.model.path = ""
