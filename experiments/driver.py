@@ -2,7 +2,10 @@
 workdir, skipped when finished and resumed when not, with its wall time and exit status appended to
 ROOT/runs.jsonl (`command_walls` reads them back); `spread` formats a mean and min-max over seeds. A summariser
 writes its plots into the run root unless `--out` says otherwise (`summary_path`), and prints "smoke run" where
-a verdict would be for quick runs (`verdict_or_smoke`).
+a verdict would be for quick runs (`verdict_or_smoke`). A pre-registered summary names the commit that added
+its README and the runs' commits (`commits`) and prints the changes recorded after it (`changes_lines`);
+`nan_mean` and `smooth` are its NaN-aware means. `use_compilation_cache` points a driver's launches at one
+persistent XLA cache.
 
 A workdir is finished when its last stage evaluated its last step, or the step where an SFT stage stopped
 early (`stop_at_loss`; `stage_done`). An unfinished one is rerun with the same command, which resumes it from
@@ -189,3 +192,54 @@ def load_runs(root: str, arms, seeds, load) -> dict:
       if os.path.exists(os.path.join(path, "metrics.jsonl")):
         runs.setdefault(arm, {})[seed] = load(path)
   return runs
+
+
+def use_compilation_cache(root: str) -> None:
+  """Every launch of this process shares one persistent XLA compilation cache, ROOT/jax_cache (unless
+  JAX_COMPILATION_CACHE_DIR is set)."""
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(root, "jax_cache"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))     # a size limit turns on its file lock
+
+
+def git(*args) -> str:
+  """`git ARGS` in the repository, stripped; "" where git fails (no repository, no git)."""
+  try:
+    return subprocess.check_output(["git", *args], text=True, cwd=REPO, stderr=subprocess.DEVNULL).strip()
+  except (OSError, subprocess.CalledProcessError):
+    return ""
+
+
+def commits(root: str, readme: str) -> tuple[str, str, float, int]:
+  """(the pre-registration commit: the one that added `readme`, a path in the repository; the runs' commits, from
+  ROOT/runs.jsonl; their wall minutes; the number of commands)."""
+  added = git("log", "--diff-filter=A", "--format=%h", "--", readme).splitlines()
+  records = []
+  if os.path.exists(os.path.join(root, "runs.jsonl")):
+    with open(os.path.join(root, "runs.jsonl")) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+  ran = sorted({r.get("commit", "unknown") for r in records})
+  return (added[-1] if added else "not committed yet", ", ".join(ran) or "-",
+          sum(r.get("wall_s", 0.0) for r in records) / 60.0, len(records))
+
+
+def changes_lines(root: str) -> list:
+  """results.md's section of the changes after the pre-registration: ROOT/changes.md (written by hand beside the
+  runs), or that none was recorded."""
+  lines = ["", "## Changes after the pre-registration", ""]
+  path = os.path.join(root, "changes.md")
+  if os.path.exists(path):
+    with open(path) as f:
+      return lines + [f.read().strip()]
+  return lines + ["None recorded (no `changes.md` beside the runs)."]
+
+
+def nan_mean(x) -> float:
+  """The mean of the values that are not NaN; NaN when there are none (where np.nanmean would warn)."""
+  x = np.asarray(x, float)
+  return float(np.nanmean(x)) if x.size and not np.all(np.isnan(x)) else float("nan")
+
+
+def smooth(x, width: int = 5) -> np.ndarray:
+  """The trailing mean over `width` iterations (fewer at the start), NaNs left out."""
+  return np.array([nan_mean(x[max(0, i + 1 - width):i + 1]) for i in range(len(x))])

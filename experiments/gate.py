@@ -9,6 +9,10 @@ driver (exit GATE_FAILED) when it fails; the archive keeps gate.json beside the 
   archive_with_gate(root, dest, keys)    experiments/archive.py, then gate.json (and `files`) beside the runs
   parse_driver_args(doc, root, arms, archive)   experiments/driver.py's command line plus --archive
   sft_gate_arms(...)                     a whole driver: SFT from the base per seed, the gate on it, every arm
+  gate_then_arms(...)                    a whole driver: the gate's runs from the base, the gate, the budget
+                                         projection (`budget_projection`), every arm, the archive (slca_grpo, srd)
+  pooled_rows(paths)                     the gate runs' training rows, start evaluations and iteration seconds
+  gate_summary_lines(root)               a summary's gate section: the table, the measured numbers, the budget
   parse_summary_args(doc, archive, ...)  a summary's --root (default the archive), --seeds, --out; prints the gate
 """
 import argparse
@@ -16,12 +20,15 @@ import json
 import math
 import os
 import shutil
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
 
 from experiments.archive import archive
 from experiments.driver import add_summary_args, command_walls, finished, launch, parse_args, read_json, report
 
 GATE_FAILED = 2               # a driver's exit status when its gate failed (1: a run failed)
+BUDGET_EXCEEDED = 3           # gate_then_arms's exit status when the gate's timing projects the set past its budget
 GATE_FILE = "gate.json"
 
 
@@ -174,3 +181,120 @@ def sft_gate_arms(tag: str, args, config: str, keys, base: str, measure_fn, gate
       run(arm, seed, arm, [f"--config.model.path={sfts[seed]}", *arm_overrides(arm, sfts[seed], extra)])
   archive_runs()
   return report(tag, failed)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A gate of frozen runs from the base, a budget projected from their timing, then the arms (slca_grpo, srd).
+
+def pooled_rows(paths) -> tuple[list, list, list]:
+  """(every training row of the workdirs `paths`, their start evaluations' eval/accuracy, the seconds of every
+  iteration but each run's first, which compiles)."""
+  from rlkit.train.metrics import read_metrics
+  from rlkit.train.stages import AT_STAGE_START
+  train, starts, later = [], [], []
+  for path in paths:
+    rows = read_metrics(os.path.join(path, "metrics.jsonl"))
+    its = [r for r in rows if "step_s" in r]
+    train += its
+    later += [r["step_s"] for r in its[1:]]
+    starts += [r["eval/accuracy"] for r in rows if r.get(AT_STAGE_START) and "eval/accuracy" in r]
+  return train, starts, later
+
+
+def budget_projection(root: str, gate_paths, arm_runs: int, gate_steps: int, iteration_s: float, steps: int,
+                      budget_minutes: float, window: int, extra_s: Optional[Callable[[int], float]] = None,
+                      max_steps: Optional[int] = None) -> dict:
+  """The whole set's projected wall in minutes: the gate's runs (`gate_paths`) as measured (ROOT/runs.jsonl), plus
+  `arm_runs` arm runs, each as long as a gate run plus its `steps - gate_steps` more iterations at `iteration_s`
+  and `extra_s(steps)` more seconds (evaluations, checkpoints); and the largest STEPS, a multiple of `window` below
+  100 x `max_steps` (default `steps`), that fits `budget_minutes` (0: not even 2 x window fits, the verdicts need
+  a first and a last window apart; None: not measured, a gate run has no wall record or no iteration time)."""
+  walls = command_walls(root)
+  gate = [walls.get(path, math.nan) for path in gate_paths]
+  cap = steps if max_steps is None else max_steps
+
+  def minutes(n: int) -> float:
+    arm = float(np.mean(gate)) + (n - gate_steps) * iteration_s + (extra_s(n) if extra_s else 0.0)
+    return (sum(gate) + arm_runs * arm) / 60.0
+
+  fit = None
+  if math.isfinite(minutes(cap)):
+    fit = 0
+    while fit < 100 * cap and minutes(fit + window) <= budget_minutes:
+      fit += window
+    fit = fit if fit >= 2 * window else 0
+  return {"minutes": minutes(steps), "budget_minutes": budget_minutes, "steps": steps, "iteration_s": iteration_s,
+          "steps_that_fit": fit}
+
+
+def finish_driver(args, tag: str, keys, failed: list) -> int:
+  """A driver's end: the archive (`args.archive`, unless '' or a dry run), then its exit status (`report`)."""
+  if args.archive and not args.dry_run:
+    names = archive_with_gate(args.root, args.archive, keys)
+    print(f"[{tag}] archived {len(names)} workdir(s) into {args.archive}: {', '.join(names) or '-'}", flush=True)
+  return report(tag, failed)
+
+
+def gate_then_arms(args, *, tag: str, config: str, gate_seeds, gate_paths, measure, checks, budget, steps: int,
+                   arm_runs: int, budget_minutes: float, keys, extra=(), ignore_budget: bool = False,
+                   launch_fn=launch, rev: str = "") -> int:
+  """The driver of an experiment whose arms start from the base and whose gate is a frozen preset of its own:
+  1. `CONFIG:gate` into each of `gate_paths` with its seed of `gate_seeds` (whatever --seeds says: the gate is
+     pooled over those); a failed launch stops here. On a dry run the gate and the budget are not checked.
+  2. The gate: `checks(measure(gate_paths))` recorded in ROOT/gate.json with the measured numbers and
+     `budget(root, measured["iteration_s"])`; a failed gate stops before any arm (GATE_FAILED).
+  3. The budget: past `budget_minutes` (the projection's "minutes") no arm runs (BUDGET_EXCEEDED) unless
+     `ignore_budget`; the STEPS that would fit is printed.
+  4. Every arm of `args.arms`, seed by seed, into ROOT/<arm>_s<seed>; then the archive (`finish_driver`).
+  `extra`: arguments of every launch (e.g. --config.model.path); `launch_fn`: experiments/driver.py's `launch`
+  (a test passes its guard); `rev`: the commit recorded with each launch."""
+  failed = []
+
+  def run(path, preset, seed, name):
+    if launch_fn(args.root, path, f"{config}:{preset}", [f"--config.seed={seed}", *extra], args.lock, args.dry_run,
+                 tag, name=name, seed=seed, commit=rev):
+      failed.append(path)
+
+  for seed, path in zip(gate_seeds, gate_paths):
+    run(path, "gate", seed, "gate")
+  if failed:
+    return finish_driver(args, tag, keys, failed)
+  if args.dry_run:
+    print(f"[{tag}] dry run: the gate and the budget are checked here", flush=True)
+  elif not all(finished(path) for path in gate_paths):
+    return finish_driver(args, tag, keys, [path for path in gate_paths if not finished(path)])
+  else:
+    measured = measure(gate_paths)
+    projection = budget(args.root, measured["iteration_s"])
+    if not record_gate(args.root, tag, checks(measured), measured=measured, budget=projection):
+      finish_driver(args, tag, keys, [])
+      return GATE_FAILED
+    print(f"[{tag}] budget: the gate and {arm_runs} arm runs of {steps} iterations "
+          f"(~{projection['iteration_s']:.2f} s each) project to {projection['minutes']:.0f} of {budget_minutes} "
+          f"minutes; STEPS that fit: {projection['steps_that_fit']}", flush=True)
+    if projection["minutes"] > budget_minutes and not ignore_budget:
+      print(f"[{tag}] over budget: no arm runs. README 'Budget': lower STEPS in {config} to "
+            f"{projection['steps_that_fit']}, record the change, rerun (or pass --ignore_budget)", flush=True)
+      finish_driver(args, tag, keys, [])
+      return BUDGET_EXCEEDED
+  for seed in args.seeds:
+    for arm in args.arms:
+      run(os.path.join(args.root, f"{arm}_s{seed}"), arm, seed, arm)
+  return finish_driver(args, tag, keys, failed)
+
+
+def gate_summary_lines(root: str) -> list:
+  """A summary's gate section: `gate_table`, then the numbers the gate measured and its budget projection, where
+  gate.json has them."""
+  gate = read_gate(root)
+  lines = [*gate_table(root), ""]
+  measured = (gate or {}).get("measured") or {}
+  if measured:
+    lines += ["Measured on the base (the gate's runs pooled): " + ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in measured.items()), ""]
+  if (gate or {}).get("budget"):
+    b = gate["budget"]
+    lines += [f"Budget projection from the gate: {b['minutes']:.0f} of {b['budget_minutes']} minutes for "
+              f"{b['steps']} iterations per arm ({b['iteration_s']:.2f} s an iteration); STEPS that fit: "
+              f"{b['steps_that_fit']}", ""]
+  return lines

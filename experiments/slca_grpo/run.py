@@ -38,14 +38,15 @@ sys.path.insert(0, ROOT)
 
 from benchmarks._common import commit  # noqa: E402
 from configs.slca_grpo import ARMS, BUDGET_MINUTES, EVAL_EVERY, GATE, STEPS, WINDOW  # noqa: E402
-from experiments.driver import command_walls, finished, launch, report  # noqa: E402
-from experiments.gate import GATE_FAILED, archive_with_gate, check, parse_driver_args, record_gate  # noqa: E402
+from experiments.driver import finished, launch, use_compilation_cache  # noqa: E402,F401  (tests patch launch)
+from experiments.gate import (BUDGET_EXCEEDED, GATE_FAILED, budget_projection, check, gate_then_arms,  # noqa: E402,F401
+                              parse_driver_args, pooled_rows, record_gate)
 from experiments.slca_grpo.summarize import ARCHIVE_KEYS, CALL, SUMMARY_RULE  # noqa: E402
 
 CONFIG = "configs/slca_grpo.py"
 TAG = "slca_grpo"
 ARCHIVE = os.path.join("experiments", "slca_grpo", "runs")
-BUDGET_EXCEEDED = 3      # the exit status when the gate's timing projects the set past BUDGET_MINUTES
+# BUDGET_EXCEEDED (experiments/gate.py): the exit status when the gate's timing projects the set past BUDGET_MINUTES
 EVAL_S = 5.0             # an arm's evaluation (500 prompts) and checkpoint beyond the gate's two, in seconds: an
                          # estimate from the base's figures (README "Budget"), as the runs do not log it
 
@@ -59,15 +60,7 @@ def gate_measure(paths) -> dict:
   the base, frozen): mean call accuracy (reward/execution), summary rule rate (reward/summary_rule), the judge's
   score, penalty and informative groups; the base's held-out greedy call accuracy (its start evaluations); the
   median seconds of an iteration, each run's first (which compiles) left out. NaN where no run logged it."""
-  from rlkit.train.metrics import read_metrics
-  from rlkit.train.stages import AT_STAGE_START
-  train, starts, later = [], [], []
-  for path in paths:
-    rows = read_metrics(os.path.join(path, "metrics.jsonl"))
-    its = [r for r in rows if "step_s" in r]
-    train += its
-    later += [r["step_s"] for r in its[1:]]
-    starts += [r["eval/accuracy"] for r in rows if r.get(AT_STAGE_START) and "eval/accuracy" in r]
+  train, starts, later = pooled_rows(paths)
 
   def mean(key):
     values = [r[key] for r in train if key in r]
@@ -90,24 +83,11 @@ def budget(root: str, iteration_s: float, steps: int = STEPS) -> dict:
   """The whole set's projected wall in minutes (the gate's runs as measured, plus every arm of GATE["seeds"], each
   as long as a gate run plus its extra iterations at `iteration_s` and its extra evaluations at EVAL_S) and the
   largest STEPS, a multiple of WINDOW, that fits BUDGET_MINUTES (0: not even 2 x WINDOW fits; None: not measured,
-  a gate run has no wall record or no iteration time)."""
-  walls = command_walls(root)
-  gate = [walls.get(path, math.nan) for path in gate_paths(root)]
-  runs = len(ARMS) * len(GATE["seeds"])
-
-  def minutes(n: int) -> float:
-    extra_evals = math.ceil(n / EVAL_EVERY) - 1           # an arm evaluates at its start, every EVAL_EVERY, its end
-    arm = float(np.mean(gate)) + (n - GATE["steps"]) * iteration_s + extra_evals * EVAL_S
-    return (sum(gate) + runs * arm) / 60.0
-
-  fit = None
-  if math.isfinite(minutes(STEPS)):
-    fit = 0
-    while fit < 100 * STEPS and minutes(fit + WINDOW) <= BUDGET_MINUTES:
-      fit += WINDOW
-    fit = fit if fit >= 2 * WINDOW else 0               # the verdicts need a first and a last window apart
-  return {"minutes": minutes(steps), "budget_minutes": BUDGET_MINUTES, "steps": steps, "iteration_s": iteration_s,
-          "steps_that_fit": fit}
+  a gate run has no wall record or no iteration time): experiments/gate.py's `budget_projection`."""
+  def extra_s(n: int) -> float:
+    return (math.ceil(n / EVAL_EVERY) - 1) * EVAL_S       # an arm evaluates at its start, every EVAL_EVERY, its end
+  return budget_projection(root, gate_paths(root), len(ARMS) * len(GATE["seeds"]), GATE["steps"], iteration_s, steps,
+                           BUDGET_MINUTES, WINDOW, extra_s=extra_s, max_steps=STEPS)
 
 
 def main(argv=None) -> int:
@@ -116,51 +96,12 @@ def main(argv=None) -> int:
   own.add_argument("--ignore_budget", action="store_true")
   flags, rest = own.parse_known_args(argv)
   args = parse_driver_args(__doc__, "/tmp/slca_grpo", ARMS, ARCHIVE, rest)
-  extra = [f"--config.model.path={flags.model}"] if flags.model else []
-  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(args.root, "jax_cache"))
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))     # a size limit turns on its file lock
-  rev = commit()
-  failed = []
-
-  def run(path, preset, seed, name):
-    if launch(args.root, path, f"{CONFIG}:{preset}", [f"--config.seed={seed}", *extra], args.lock, args.dry_run,
-              TAG, name=name, seed=seed, commit=rev):
-      failed.append(path)
-
-  for seed, path in zip(GATE["seeds"], gate_paths(args.root)):
-    run(path, "gate", seed, "gate")
-  if failed:
-    return finish(args, failed)
-  if args.dry_run:
-    print(f"[{TAG}] dry run: the gate and the budget are checked here", flush=True)
-  elif not all(finished(path) for path in gate_paths(args.root)):
-    return finish(args, [path for path in gate_paths(args.root) if not finished(path)])
-  else:
-    measured = gate_measure(gate_paths(args.root))
-    projection = budget(args.root, measured["iteration_s"])
-    if not record_gate(args.root, TAG, gate_checks(measured), measured=measured, budget=projection):
-      finish(args, [])
-      return GATE_FAILED
-    print(f"[{TAG}] budget: the gate and {len(ARMS) * len(GATE['seeds'])} arm runs of {STEPS} iterations "
-          f"(~{projection['iteration_s']:.2f} s each) project to {projection['minutes']:.0f} of {BUDGET_MINUTES} "
-          f"minutes; STEPS that fit: {projection['steps_that_fit']}", flush=True)
-    if projection["minutes"] > BUDGET_MINUTES and not flags.ignore_budget:
-      print(f"[{TAG}] over budget: no arm runs. README 'Budget': lower STEPS in configs/slca_grpo.py to "
-            f"{projection['steps_that_fit']}, record the change, rerun (or pass --ignore_budget)", flush=True)
-      finish(args, [])
-      return BUDGET_EXCEEDED
-  for seed in args.seeds:
-    for arm in args.arms:
-      run(os.path.join(args.root, f"{arm}_s{seed}"), arm, seed, arm)
-  return finish(args, failed)
-
-
-def finish(args, failed: list) -> int:
-  if args.archive and not args.dry_run:
-    names = archive_with_gate(args.root, args.archive, ARCHIVE_KEYS)
-    print(f"[{TAG}] archived {len(names)} workdir(s) into {args.archive}: {', '.join(names) or '-'}", flush=True)
-  return report(TAG, failed)
+  use_compilation_cache(args.root)
+  return gate_then_arms(args, tag=TAG, config=CONFIG, gate_seeds=GATE["seeds"], gate_paths=gate_paths(args.root),
+                        measure=gate_measure, checks=gate_checks, budget=budget, steps=STEPS,
+                        arm_runs=len(ARMS) * len(GATE["seeds"]), budget_minutes=BUDGET_MINUTES, keys=ARCHIVE_KEYS,
+                        extra=[f"--config.model.path={flags.model}"] if flags.model else [],
+                        ignore_budget=flags.ignore_budget, launch_fn=launch, rev=commit())
 
 
 if __name__ == "__main__":

@@ -14,10 +14,8 @@ the held-out greedy call accuracy (eval/accuracy) at the start and the end. The 
 ("Hypotheses"). Writes results.md and calls.png into --out (default: ROOT; pass experiments/slca_grpo to refresh
 the committed ones on purpose) and prints results.md.
 """
-import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -27,8 +25,9 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
 from configs.slca_grpo import ARMS, NOISES, STEPS, WINDOW, arm_name  # noqa: E402
 from experiments.arm_tables import over_seeds, save_figure  # noqa: E402
-from experiments.driver import load_runs, read_json, spread, stage_done, summary_path  # noqa: E402
-from experiments.gate import gate_table, parse_summary_args, read_gate  # noqa: E402
+from experiments.driver import (changes_lines, commits, load_runs, nan_mean, read_json, smooth, spread,  # noqa: E402
+                                stage_done, summary_path)
+from experiments.gate import gate_summary_lines, parse_summary_args, read_gate  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 CALL, SUMMARY_RULE, JUDGE = "reward/execution", "reward/summary_rule", "reward/summary"
@@ -116,29 +115,9 @@ def verdicts(nums: dict) -> list:
   return out
 
 
-def git(*args) -> str:
-  try:
-    return subprocess.check_output(["git", *args], text=True, cwd=REPO, stderr=subprocess.DEVNULL).strip()
-  except (OSError, subprocess.CalledProcessError):
-    return ""
-
-
-def commits(root: str) -> tuple[str, str, float, int]:
-  """(the pre-registration commit: the one that added README.md; the runs' commits, from runs.jsonl; their wall
-  minutes; the number of commands)."""
-  added = git("log", "--diff-filter=A", "--format=%h", "--", README).splitlines()
-  records = []
-  if os.path.exists(os.path.join(root, "runs.jsonl")):
-    with open(os.path.join(root, "runs.jsonl")) as f:
-      records = [json.loads(line) for line in f if line.strip()]
-  ran = sorted({r.get("commit", "unknown") for r in records})
-  return (added[-1] if added else "not committed yet", ", ".join(ran) or "-",
-          sum(r.get("wall_s", 0.0) for r in records) / 60.0, len(records))
-
-
 def render(root: str, seeds: list, runs: dict, plot_name: str) -> list:
   """results.md's lines."""
-  prereg, ran, minutes, commands = commits(root)
+  prereg, ran, minutes, commands = commits(root, README)
   gate = read_gate(root)
   lines = ["# slca_grpo: results", "",
            f"Written by `python experiments/slca_grpo/summarize.py` from `{root}`; do not edit by hand (changes after "
@@ -146,16 +125,7 @@ def render(root: str, seeds: list, runs: dict, plot_name: str) -> list:
            f"- Pre-registration: commit `{prereg}` (the commit that added README.md)",
            f"- Runs: commit(s) `{ran}`; {commands} command(s), {minutes:.1f} wall minutes in all",
            f"- Seeds: {', '.join(map(str, seeds))}; {STEPS} iterations per arm; first and final: the means over the "
-           f"first and the last {WINDOW} iterations", "", "## Calibration gate", "", *gate_table(root), ""]
-  measured = (gate or {}).get("measured") or {}
-  if measured:
-    lines += ["Measured on the base (the gate's runs pooled): " + ", ".join(
-        f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in measured.items()), ""]
-  if (gate or {}).get("budget"):
-    b = gate["budget"]
-    lines += [f"Budget projection from the gate: {b['minutes']:.0f} of {b['budget_minutes']} minutes for "
-              f"{b['steps']} iterations per arm ({b['iteration_s']:.2f} s an iteration); STEPS that fit: "
-              f"{b['steps_that_fit']}", ""]
+           f"first and the last {WINDOW} iterations", "", "## Calibration gate", "", *gate_summary_lines(root)]
   lines += ["## Verdicts", "", "| hypothesis | numbers | verdict |", "|---|---|---|"]
   nums = per_seed(runs, seeds)
   for name, detail, verdict in verdicts(nums):
@@ -189,25 +159,11 @@ def render(root: str, seeds: list, runs: dict, plot_name: str) -> list:
     if rs:
       cells = [over_seeds([[_mean(r["series"][CALL][i - WINDOW:i]) for r in rs]])[0][0] for i in every]
       lines.append(f"| {arm} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
-  changes = os.path.join(root, "changes.md")
-  lines += ["", "## Changes after the pre-registration", ""]
-  if os.path.exists(changes):
-    with open(changes) as f:
-      lines += [f.read().strip()]
-  else:
-    lines += ["None recorded (no `changes.md` beside the runs)."]
+  lines += changes_lines(root)
   return lines + ["", f"![call accuracy and summary rule rate]({plot_name})", ""]
 
 
-def _mean(x) -> float:
-  """The mean of the values that are not NaN; NaN when there are none (where np.nanmean would warn)."""
-  x = np.asarray(x, float)
-  return float(np.nanmean(x)) if x.size and not np.all(np.isnan(x)) else math.nan
-
-
-def smooth(x: np.ndarray, width: int = 5) -> np.ndarray:
-  """The trailing mean over `width` iterations (fewer at the start)."""
-  return np.array([_mean(x[max(0, i + 1 - width):i + 1]) for i in range(len(x))])
+_mean = nan_mean   # the mean of the values that are not NaN (experiments/driver.py)
 
 
 def plot(runs: dict, out: str) -> None:
