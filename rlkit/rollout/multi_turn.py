@@ -152,9 +152,9 @@ def compact_order(mask: np.ndarray) -> np.ndarray:
   return np.argsort(~mask, axis=1, kind="stable")
 
 
-def rollout_arrays(state: DecodeState, episodes: Episodes) -> dict[str, np.ndarray]:
-  """The response-region arrays of a `Rollout` (host, compacted; module docstring), and `routed_experts` for
-  an MoE state (its prompt slots, then the compacted response columns)."""
+def rollout_arrays(state: DecodeState, episodes: Episodes, pad_id: int) -> dict[str, np.ndarray]:
+  """The response-region arrays of a `Rollout` (host, compacted; module docstring; `pad_id` after each row's
+  end), and `routed_experts` for an MoE state (its prompt slots, then the compacted response columns)."""
   tokens, logprobs, mask, appended = jax.device_get((state.tokens, state.logprobs, state.mask, state.appended))
   turn_of = episodes.turn_of
   sampled = mask & ~appended
@@ -165,7 +165,7 @@ def rollout_arrays(state: DecodeState, episodes: Episodes) -> dict[str, np.ndarr
   order = compact_order(mask)
   take = lambda x: np.take_along_axis(x, order, axis=1)   # noqa: E731
   mask_c = take(mask)
-  out = dict(response=np.where(mask_c, take(tokens), tokens[:, -1:] * 0 + _pad_of(tokens, mask)),
+  out = dict(response=np.where(mask_c, take(tokens), pad_id),
              response_mask=mask_c, logprobs=np.where(mask_c, take(logprobs), 0.0).astype(np.float32),
              loss_mask=take(sampled), segment_ids=take(kinds).astype(np.int32),
              turn_ids=np.where(mask_c, take(turn_of), 0).astype(np.int32),
@@ -178,8 +178,3 @@ def rollout_arrays(state: DecodeState, episodes: Episodes) -> dict[str, np.ndarr
     out["routed_experts"] = np.concatenate([routed[:, :p], np.take_along_axis(routed[:, p:], idx, axis=1)], 1)
   return out
 
-
-def _pad_of(tokens: np.ndarray, mask: np.ndarray) -> int:
-  """The buffer's pad id: what its unattended columns hold (prefill fills them with it)."""
-  holes = tokens[~mask]
-  return int(holes[0]) if holes.size else 0

@@ -96,7 +96,7 @@ def _episodes(model, b=6, turn_tokens=6, capacity=40, temperature=1.0):
 
 def test_turns_are_the_sampled_tokens_and_the_trainer_scores_them_as_sampled(model):
   prompt, mask, sampling, state, episodes = _episodes(model)
-  out = rollout_arrays(state, episodes)
+  out = rollout_arrays(state, episodes, TOK.pad_id)
   for r in range(len(out["lengths"])):
     n = out["lengths"][r]
     toks, turn, seg, train = (out[k][r, :n] for k in ("response", "turn_ids", "segment_ids", "loss_mask"))
@@ -122,6 +122,21 @@ def test_turns_are_the_sampled_tokens_and_the_trainer_scores_them_as_sampled(mod
   np.testing.assert_allclose(scored[out["loss_mask"]], out["logprobs"][out["loss_mask"]], atol=2e-5)
 
 
+def test_moe_routing_is_compacted_with_the_tokens_and_replays_exactly():
+  """An MoE policy: the routing recorded for the compacted response replays to the sampler's log-probs."""
+  cfg = CFG.replace(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+  moe = (Transformer(cfg), init_params(cfg, jax.random.key(0)))
+  prompt, mask, sampling, state, episodes = _episodes(moe, b=4)
+  out = rollout_arrays(state, episodes, TOK.pad_id)
+  tokens = jnp.concatenate([prompt, jnp.asarray(out["response"])], axis=1)
+  attn = jnp.concatenate([mask, jnp.asarray(out["response_mask"])], axis=1)
+  scored = np.asarray(score_response(moe[0], moe[1], tokens, attn, out["response"].shape[1], sampling,
+                                     routed=jnp.asarray(out["routed_experts"])))
+  train = out["loss_mask"]
+  assert (out["segment_ids"] == SEGMENT_KINDS["observation"]).any()
+  np.testing.assert_allclose(scored[train], out["logprobs"][train], atol=2e-5)
+
+
 def test_stop_strings_end_turns_where_the_text_first_contains_one(model):
   _, _, _, state, episodes = _episodes(model)
   turns = [t for st in episodes.states for t in st.seen]
@@ -134,7 +149,7 @@ def test_stop_strings_end_turns_where_the_text_first_contains_one(model):
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES.names()))
 def test_observation_tokens_get_no_gradient_in_any_policy_loss(model, name):
   _, _, _, state, episodes = _episodes(model)
-  out = rollout_arrays(state, episodes)
+  out = rollout_arrays(state, episodes, TOK.pad_id)
   train = jnp.asarray(out["loss_mask"])
   observed = out["segment_ids"] == SEGMENT_KINDS["observation"]
   assert observed.any()
