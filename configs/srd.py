@@ -51,7 +51,7 @@ SRD = {"field": "solution", "weight_hi": 1.0, "weight_lo": 0.1}   # rl.srd of ev
 NUM_TRAIN, NUM_TEST = 15, 1
 # Token sizes, measured with the base's BPE (the build's tokenizer, workdirs/base/tokenizer: 588 tokens, trained on
 # a corpus without this task, so its text is spelt almost a character a token) over every layout;
-# tests/experiments/test_srd.py measures them again with a stand-in of the same corpus.
+# tests/experiments/test_srd_experiment.py measures them again with a stand-in of the same corpus.
 PROMPT_TOKENS = 181             # the longest prompt with BOS (the shortest 163)
 ACT_TOKENS = 21                 # the longest action, "<act>take yellow key</act>" ("<act>go east</act>": 14)
 DEMO_TOKENS = 328               # the longest demonstration (the 6 actions of the shortest way and their observations),

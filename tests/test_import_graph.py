@@ -132,3 +132,15 @@ def test_graph_sees_imports_inside_functions():
   graph = import_graph()
   assert "rlkit.train.run" in graph["rlkit.cli"]
   assert "rlkit.train.config" in graph["rlkit.train.config_checks"]
+
+
+def test_test_files_have_unique_names():
+  """tests/ has no __init__.py files, so pytest imports each test file by its basename: two files of one name
+  cannot be collected in one process ("import file mismatch"), which a per-file xdist run would hide."""
+  import collections
+  import glob
+  import os
+  root = os.path.dirname(os.path.abspath(__file__))
+  names = collections.Counter(os.path.basename(p) for p in glob.glob(os.path.join(root, "**", "test_*.py"),
+                                                                      recursive=True))
+  assert not [n for n, k in names.items() if k > 1], sorted(n for n, k in names.items() if k > 1)
