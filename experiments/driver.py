@@ -168,6 +168,15 @@ def summary_path(out: str, root: str, name: str) -> str:
   return path
 
 
+def write_results(out: str, root: str, text: str) -> str:
+  """Writes a summary's results.md (where `summary_path` puts it), prints it, and returns its path."""
+  path = summary_path(out, root, "results.md")
+  with open(path, "w") as f:
+    f.write(text)
+  print(text)
+  return path
+
+
 def verdict_or_smoke(verdict: str, smoke: bool) -> str:
   """A pre-registered verdict, or SMOKE_RUN for a smoke run: its sizes are too small for the rule to mean
   anything, and a verdict printed from one reads like a result."""

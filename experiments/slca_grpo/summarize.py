@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
 from configs.slca_grpo import ARMS, NOISES, STEPS, WINDOW, arm_name  # noqa: E402
 from experiments.arm_tables import over_seeds, save_figure  # noqa: E402
-from experiments.driver import (changes_lines, commits, load_runs, nan_mean, read_json, smooth, spread,  # noqa: E402
+from experiments.driver import (write_results, changes_lines, commits, load_runs, nan_mean, read_json, smooth, spread,  # noqa: E402
                                 stage_done, summary_path)
 from experiments.gate import gate_summary_lines, parse_summary_args, read_gate  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
@@ -199,11 +199,7 @@ def main(argv=None) -> None:
   args, seeds = parse_summary_args(__doc__, "experiments/slca_grpo/runs", argv, one_plot=False)
   runs = load_runs(args.root, ARMS, seeds, load_run)
   png = summary_path(args.out, args.root, "calls.png")
-  text = "\n".join(render(args.root, seeds, runs, os.path.basename(png)))
-  md = summary_path(args.out, args.root, "results.md")
-  with open(md, "w") as f:
-    f.write(text)
-  print(text)
+  md = write_results(args.out, args.root, "\n".join(render(args.root, seeds, runs, os.path.basename(png))))
   print(f"wrote {md}")
   plot(runs, png)
 

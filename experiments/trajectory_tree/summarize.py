@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from experiments.driver import add_summary_args, spread, summary_path, verdict_or_smoke  # noqa: E402
+from experiments.driver import add_summary_args, spread, summary_path, verdict_or_smoke, write_results  # noqa: E402
 
 EQUAL_TOL = 1e-5          # H3: dedup vs expanded, relative
 MEASURABLE = 1e-3         # H4: QwenGyre's weights vs expanded, gradient L2 relative
@@ -297,10 +297,7 @@ def main(argv=None) -> int:
   png = summary_path(args.out, args.root, "trajectory_tree.png")
   text = document(args.root, data, os.path.basename(png))
   plot(_grid(data["grid"]), _jmax(data["jmax"]), png)
-  path = summary_path(args.out, args.root, "results.md")
-  with open(path, "w") as f:
-    f.write(text)
-  print(text)
+  path = write_results(args.out, args.root, text)
   print(f"results: {path}\nplot: {png}")
   return 0
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,9 @@ from rlkit.models.tokenizer import pad_left
 from rlkit.rollout.resumable import DecodeState, append, decode_until
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.rollout.stop_strings import StopTable
+
+
+OBS_WIDTH = 8   # observation appends are padded to a multiple of this many columns (bounds their compilations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +105,10 @@ def run_episodes(model, params, state: DecodeState, sampling: SamplingConfig, en
     if used >= cap:
       counts["context_full"] += int(live.sum())
       break
-    state = decode_until(model, params, state, sampling, budget=min(budget.turn_tokens, cap - used),
-                         perturb=perturb, stop_strings=stop_strings)
+    # The budget is static in the jitted decode: one value for every call (the loop itself stops at a full buffer),
+    # not the shrinking room left, which would compile the decode again for each new value.
+    state = decode_until(model, params, state, sampling, budget=budget.turn_tokens, perturb=perturb,
+                         stop_strings=stop_strings)
     tokens, mask, done, now = jax.device_get((state.tokens, state.mask, state.done, state.used))
     now = int(now)
     drew = mask[:, used:now]
@@ -134,7 +139,11 @@ def run_episodes(model, params, state: DecodeState, sampling: SamplingConfig, en
       live[r] = False
       counts["context_full"] += 1
     if answers:
-      width = max(1, max(len(ids) for ids, _ in answers.values()))
+      # Widths rounded up to a multiple of OBS_WIDTH (within the room left): `append` compiles once per width.
+      # The padding never takes the column a continuing row's next turn needs.
+      longest = max(1, max(len(ids) for ids, _ in answers.values()))
+      room = free - (not all(final for _, final in answers.values()))
+      width = max(longest, min(-(-longest // OBS_WIDTH) * OBS_WIDTH, room))
       obs, obs_mask = pad_left([answers[r][0] if r in answers else [] for r in range(b)], width,
                                tokenizer.pad_id)
       state = append(model, params, state, obs, obs_mask)

@@ -6,7 +6,6 @@ results.md, the three verdicts computed from the numbers, and the plot, from the
 import json
 import os
 
-import jax
 import pytest
 
 from configs import slca_grpo as cfg_module
@@ -14,7 +13,8 @@ from configs.slca_grpo import ARMS, GATE, NOISES, STEPS, WINDOW, arm_name
 from experiments.slca_grpo import run as driver
 from experiments.slca_grpo import summarize
 from tests.cli_in_process import launch_in_process
-from tests.experiments.workdirs import no_training, write_workdir
+from rlkit.cli import changed_keys
+from tests.experiments.workdirs import no_training, stand_in_model, write_workdir
 
 
 @pytest.fixture(scope="module")
@@ -23,34 +23,16 @@ def stand_in_base(tmp_path_factory):
   demonstrations (as the base's corpus had them) and a one-layer Qwen3-shaped model of its vocabulary."""
   from rlkit.data.splits import generate_splits
   from rlkit.data.tasks import make_task
-  from rlkit.models import hf
   from rlkit.models.bpe import bpe_tokenizer
-  from rlkit.models.transformer import TransformerConfig, init_params
   folder = tmp_path_factory.mktemp("base")
   task = make_task("tool_calls", max_digits=cfg_module.MAX_DIGITS)
   texts = [r["prompt"] + task.demonstration(r) for r in generate_splits(task, 300, 10, 0)["train"]]
   tok = bpe_tokenizer(texts, 300, folder=str(folder / "tokenizer"), split_digits=True)
-  cfg = TransformerConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=1,
-                          num_kv_heads=1, head_dim=16, tie_word_embeddings=True)
-  return str(hf.save(folder / "model", cfg, init_params(cfg, jax.random.key(0)), tokenizer=tok))
-
-
-def _flat(c) -> dict:
-  out = {}
-
-  def walk(d, prefix):
-    for k, v in d.items():
-      if isinstance(v, dict):
-        walk(v, f"{prefix}{k}.")
-      else:
-        out[prefix + k] = v
-  walk(c.to_dict(), "")
-  return out
+  return stand_in_model(folder, tok)
 
 
 def _differ(a: str, b: str) -> set:
-  fa, fb = _flat(cfg_module.get_config(a)), _flat(cfg_module.get_config(b))
-  return {k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)}
+  return set(changed_keys(cfg_module.get_config(a).to_dict(), cfg_module.get_config(b).to_dict()))
 
 
 def test_every_preset_validates_from_the_base(stand_in_base, tmp_path):

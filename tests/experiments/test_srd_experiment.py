@@ -9,7 +9,6 @@ import json
 import math
 import os
 
-import jax
 import pytest
 
 from configs import srd as cfg_module
@@ -17,7 +16,8 @@ from configs.srd import ARMS, GATE, STEPS, WINDOW
 from experiments.srd import run as driver
 from experiments.srd import summarize
 from tests.cli_in_process import launch_in_process
-from tests.experiments.workdirs import no_training, write_workdir
+from rlkit.cli import changed_keys
+from tests.experiments.workdirs import no_training, stand_in_model, write_workdir
 
 
 @pytest.fixture(scope="module")
@@ -26,35 +26,17 @@ def stand_in_base(tmp_path_factory):
   on 2,000 examples of its corpus, which never held this task, and a one-layer Qwen3-shaped model of its vocabulary."""
   from experiments.base.build import VOCAB_SIZE, corpus_texts
   from experiments.base.config import get_config
-  from rlkit.models import hf
   from rlkit.models.bpe import save_tokenizer_folder, train_bpe
   from rlkit.models.tokenizer import HFTokenizer
-  from rlkit.models.transformer import TransformerConfig, init_params
   folder = tmp_path_factory.mktemp("base")
   save_tokenizer_folder(train_bpe(corpus_texts(get_config("base"), 2000), VOCAB_SIZE, split_digits=True),
                         str(folder / "tokenizer"))
   tok = HFTokenizer(str(folder / "tokenizer"))
-  cfg = TransformerConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=1,
-                          num_kv_heads=1, head_dim=16, tie_word_embeddings=True)
-  return str(hf.save(folder / "model", cfg, init_params(cfg, jax.random.key(0)), tokenizer=tok))
-
-
-def _flat(c) -> dict:
-  out = {}
-
-  def walk(d, prefix):
-    for k, v in d.items():
-      if isinstance(v, dict):
-        walk(v, f"{prefix}{k}.")
-      else:
-        out[prefix + k] = v
-  walk(c.to_dict(), "")
-  return out
+  return stand_in_model(folder, tok)
 
 
 def _differ(a: str, b: str) -> set:
-  fa, fb = _flat(cfg_module.get_config(a)), _flat(cfg_module.get_config(b))
-  return {k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)}
+  return set(changed_keys(cfg_module.get_config(a).to_dict(), cfg_module.get_config(b).to_dict()))
 
 
 def test_every_preset_validates_from_the_base(stand_in_base, tmp_path):

@@ -1,5 +1,6 @@
 """What the experiment-driver tests share: finished workdirs written by hand (a config and metrics rows, as a run
-leaves them) and a guard that lets a driver's `launch` through only for finished workdirs, so a test never trains."""
+leaves them), a guard that lets a driver's `launch` through only for finished workdirs, so a test never trains, and
+a one-layer stand-in for the pretrained base."""
 import json
 import os
 
@@ -22,3 +23,14 @@ def no_training(monkeypatch, module):
     assert module.finished(path), f"the test would have trained {path}"
     return real(root, path, *args, **kw)
   monkeypatch.setattr(module, "launch", launch)
+
+
+def stand_in_model(folder, tok) -> str:
+  """A Hugging Face folder like experiments/base/model, in a second: a one-layer Qwen3-shaped model of `tok`'s
+  vocabulary, random weights, saved with the tokenizer under `folder`/model."""
+  import jax
+  from rlkit.models import hf
+  from rlkit.models.transformer import TransformerConfig, init_params
+  cfg = TransformerConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=1,
+                          num_kv_heads=1, head_dim=16, tie_word_embeddings=True)
+  return str(hf.save(os.path.join(str(folder), "model"), cfg, init_params(cfg, jax.random.key(0)), tokenizer=tok))
