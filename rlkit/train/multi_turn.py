@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rlkit.agents import keydoor, tool_task, tools  # noqa: F401  (register their environments, tasks, rewards)
+from rlkit.agents import catalog  # noqa: F401  (registers the agent environments, tasks and rewards)
 from rlkit.agents.envs import AGENT_ENVS
 from rlkit.agents.runner import ToolRunner
 from rlkit.core.labels import ROW_SOURCE
