@@ -176,7 +176,11 @@ class CodeFunctions:
     return float(report.total > 0 and report.passed == report.total)
 
   def demonstration(self, example: Mapping[str, Any]) -> str:
-    steps = json.loads(example["answer"])["steps"]
-    body = "".join(f"    {STEPS[kind][1].format(k=k)}\n" for kind, k in steps)
-    return f"def f(x):\n{body}    return x"
+    return reference_code(example["answer"])
+
+
+def reference_code(answer: str) -> str:
+  """The step-by-step reference solution of an example's answer (its demonstration)."""
+  body = "".join(f"    {STEPS[kind][1].format(k=k)}\n" for kind, k in json.loads(answer)["steps"])
+  return f"def f(x):\n{body}    return x"
 

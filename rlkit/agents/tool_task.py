@@ -13,7 +13,8 @@ A row is a played calculator episode (`rl.collector=multi_turn`, `rl.multi_turn.
 
 `segment_rewards` puts execution in the `tool_call` column and preference + penalties in `summary`; `rewards`
 is their sum (GRPO's scalar); `correct` is a right call with a right summary (before the noise). Components:
-execution, summary (what the summary segment is credited), summary_rule, penalty.
+execution, summary (what the summary segment is credited), summary_rule, penalty, and the segment flags that
+`rl.advantage=gar` reads (rlkit/train/gar.py): flag_tool_call (a call failed), flag_summary (no value stated).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def make_tool_task_reward(task, executor, *, judge_noise: float = 0.0, judge_see
 
   def reward_fn(batch: RewardBatch) -> RewardOutput:
     n = len(batch)
-    execution, rule, noise, pen = (np.zeros(n) for _ in range(4))
+    execution, rule, noise, pen, flag_call, flag_summary = (np.zeros(n) for _ in range(6))
     for i, (fields, answer) in enumerate(zip(batch.fields, batch.answers)):
       episode = fields.get("episode")
       if not isinstance(episode, Mapping):
@@ -72,7 +73,9 @@ def make_tool_task_reward(task, executor, *, judge_noise: float = 0.0, judge_see
                              and f"{first['tool']}({','.join(str(a) for a in first['args'])})" == gold_call)
       failed = sum(c["error"] is not None for c in calls)
       pen[i] = -penalty * (failed + max(0, len(calls) - 1))
-      rule[i] = float(summary_value(batch.completions[i]) == int(gold_value))
+      stated = summary_value(batch.completions[i])
+      rule[i] = float(stated == int(gold_value))
+      flag_call[i], flag_summary[i] = float(failed > 0), float(stated is None)
       noise[i] = judge_noise_of(judge_seed, batch.prompts[i], batch.completions[i], judge_noise)
     summary = rule + noise + pen
     segments = np.zeros((n, len(SEGMENT_KINDS)))
@@ -80,5 +83,6 @@ def make_tool_task_reward(task, executor, *, judge_noise: float = 0.0, judge_see
     segments[:, SEGMENT_KINDS["summary"]] = summary
     return RewardOutput(rewards=execution + summary, correct=(execution == 1) & (rule == 1),
                         components={"execution": execution, "summary": summary, "summary_rule": rule,
-                                    "penalty": pen}, failures={}, segment_rewards=segments)
+                                    "penalty": pen, "flag_tool_call": flag_call, "flag_summary": flag_summary},
+                        failures={}, segment_rewards=segments)
   return reward_fn

@@ -1,7 +1,7 @@
 """The code task (rlkit/agents/code_task.py), its audit (code_audit.py), its reward (code_reward.py) and the
 hack probes (hack_probes.py): demonstrations pass the hidden tests, wrong code does not, nothing the grader
 compares against reaches the sandbox, every probe earns zero on every sandboxed task and is flagged, and
-configs/code.py:test runs SFT then GRPO on it from launch's entry point."""
+configs/code.py:test runs SFT then RL on it (GRS rewards, GAR advantages) through the trainer's run."""
 import json
 
 import numpy as np
@@ -96,6 +96,22 @@ def test_the_audit_resets_a_passing_solution_that_misbehaves(reward_fn):
   assert lenient(_batch(noisy, examples)).rewards.tolist() == [1.0] * 3
 
 
+def test_grs_multiplies_tests_solution_quality_and_behaviour():
+  task, examples = _examples(2, seed=5)
+  demos = [task.demonstration(e) for e in examples]
+  verbose = [d.replace("    return x", "    y = x\n    z = y\n    x = z\n    return x") for d in demos]
+  noisy = [d.replace("    return x", "    print(x)\n    return x") for d in demos]
+  grs = REWARDS.get("code_tests")(None, None, grader="grs", audit=False)
+  out = grs(_batch(demos + verbose + noisy, examples * 3))
+  quality, behaviour = out.components["quality"], out.components["behaviour"]
+  assert quality[:2].tolist() == [1.0, 1.0] and all(0 < q < 1 for q in quality[2:])
+  assert behaviour.tolist() == [1.0] * 4 + [0.5] * 2
+  np.testing.assert_allclose(out.rewards, out.components["tests"] * quality * behaviour)
+  assert out.components["all_pass"].tolist() == [1.0] * 6 and out.rewards[2] < 1.0
+  with pytest.raises(ValueError, match="grader='llm' is not one of pass_fail, grs"):
+    REWARDS.get("code_tests")(None, None, grader="llm")
+
+
 def test_audit_flags():
   assert audit_code("def f(x):\n    x = x * 3\n    return x\n") == ()
   assert audit_code("def f(x):\n    return 14\n") == ("constant",)
@@ -114,13 +130,17 @@ def test_task_settings_are_checked():
     REWARDS.get("code_tests")(None, None, workers=0)
 
 
-def test_the_code_config_runs_sft_then_grpo_on_the_sandboxed_reward(tmp_path):
+def test_the_code_config_runs_sft_then_rl_on_the_sandboxed_reward_with_grs_and_gar(tmp_path):
   from configs.code import get_config
   from rlkit.train.metrics import read_metrics
   from rlkit.train.run import run
+  c = get_config("test")
+  c.rl.advantage = "gar"                   # MiMo's advantage shaping (rlkit/train/gar.py) on GRS rewards
+  c.rl.gar.length_coef = 0.1
+  c.rl.reward.kwargs.grader = "grs"
   with fast_compile():
-    run(get_config("test"), str(tmp_path))
+    run(c, str(tmp_path))
   rows = read_metrics(str(tmp_path / "metrics.jsonl"))
   rl = [r for r in rows if "reward/tests" in r]
   assert len(rl) == 2 and all(0.0 <= r["reward/tests"] <= 1.0 for r in rl)
-  assert any("reward/audit_reset" in r for r in rl)
+  assert all(0.0 < r["reward/quality"] <= 1.0 and "reward/audit_reset" in r for r in rl)
