@@ -137,8 +137,8 @@ def _check_read(r, c):
   leaked = c.secret in r.stdout + r.stderr
   repo = "ATTACKS: Registry" in r.stdout
   ok = not leaked and not repo
-  return ok, ("the secret file and the repository are unreadable" if ok else
-              f"read: {'the secret file ' if leaked else ''}{'the repository' if repo else ''}")
+  read = [what for what, seen in (("the secret file", leaked), ("the repository", repo)) if seen]
+  return ok, "the secret file and the repository are unreadable" if ok else f"read: {', '.join(read)}"
 
 
 def _check_environment(r, c):
