@@ -1,0 +1,238 @@
+"""Asynchronous rollout: a scheduler that keeps rollout workers (rlkit/rollout/workers.py) generating while the
+learner trains, and hands the learner finished trajectories no older than a staleness bound.
+
+  pool = AsyncRollout(factory, backend="ray", workers=2, max_staleness=2)
+  pool.set_weights(0, weights)             # version 0
+  uids = pool.submit(payloads)             # the generation cursor numbers every request
+  batch = pool.take(len(payloads))         # finished WorkItems whose oldest token is at most 2 versions old
+  ... train ...; pool.set_weights(1, new_weights)
+
+Guarantees, each tested:
+- **Exactly once.** A request lives in one place at a time: the queue, one worker's call in flight, or the
+  finished buffer; `take` removes what it returns. A worker that crashes (`WorkerCrash`) or misses its deadline
+  (`timeout_s` on `clock`) is killed and replaced; the items of its call go back to the queue from their last
+  returned state (`attempts` + 1), or are dropped after `max_attempts` (counted). A late answer of a killed
+  worker is never read.
+- **Staleness.** An item is eligible when `version - first_version <= max_staleness` (its oldest token's policy);
+  one past the bound can never become eligible, so it is dropped the moment that is known (on `set_weights`,
+  before a dispatch, in the buffer) and, with `stale="requeue"`, its payload is submitted again as a new request
+  (a new uid: the stale one is never delivered). The learner never trains on data older than the bound.
+- **Partial rollouts.** An unfinished item returns to the queue after each chunk and continues under whatever
+  version is current then; `versions` records the policy of every token.
+- **Checkpointable.** `state_dict()` holds the cursor, the version, the queue (items in flight as of their last
+  returned state), the finished buffer and the counters; `load_state_dict` restores them into fresh workers, so
+  a resumed run loses and duplicates nothing (with the in-process backend and a generator that is a function of
+  the item, version and weights, it repeats the uninterrupted run exactly).
+
+Scheduling is FIFO, one call per worker at a time, `items_per_call` items per call, workers served in index
+order: deterministic on the in-process backend. `pump()` is one scheduling round; `take` pumps until it can
+answer. `resize(n)` changes the number of workers (QwenGyre-style elastic assignment, rlkit/rollout/elastic.py):
+new workers start at once, retired ones finish their call first.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from rlkit.rollout.workers import WORKER_BACKENDS, WorkerCrash, WorkItem
+
+STALE_RULES = ("requeue", "drop")
+COUNTERS = ("submitted", "delivered", "crashes", "timeouts", "replaced", "dropped_failed", "dropped_stale",
+            "requeued_stale", "calls")
+
+
+class AsyncRollout:
+  def __init__(self, factory: Callable, *, backend: str = "inprocess", workers: int = 2, items_per_call: int = 4,
+               max_staleness: int = 0, timeout_s: float = 600.0, max_attempts: int = 3, stale: str = "requeue",
+               clock: Callable[[], float] = time.monotonic, backend_options: Optional[dict] = None):
+    if stale not in STALE_RULES:
+      raise ValueError(f"async rollout: stale={stale!r} is not one of {', '.join(STALE_RULES)}.")
+    for name, value, low in (("workers", workers, 1), ("items_per_call", items_per_call, 1),
+                             ("max_staleness", max_staleness, 0), ("max_attempts", max_attempts, 1)):
+      if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"async rollout: {name}={value!r} must be an integer >= {low}.")
+    self.factory, self.options = factory, dict(backend_options or {})
+    self.backend = WORKER_BACKENDS.get(backend)
+    self.backend.setup(**self.options)
+    self.items_per_call, self.max_staleness, self.timeout_s = items_per_call, max_staleness, float(timeout_s)
+    self.max_attempts, self.stale, self.clock = max_attempts, stale, clock
+    self.cursor, self.version, self._weights = 0, None, None
+    self.queue: collections.deque = collections.deque()
+    self.finished: list = []
+    self.counts = dict.fromkeys(COUNTERS, 0)
+    self._made = 0
+    self.handles = [self._new_handle() for _ in range(workers)]
+    self.inflight: dict = {}          # handle index in self.handles -> (handle, items as sent, deadline)
+    self._retiring: list = []         # handles past a resize that finish their call first
+
+  # ------------------------------------------------------------------------------------------ the learner
+
+  def set_weights(self, version: int, weights: Any) -> None:
+    """The policy every later chunk uses; items that can no longer become eligible leave at once."""
+    self.version, self._weights = int(version), self.backend.put(weights)
+    self.finished = [i for i in self.finished if self._keep_fresh(i)]
+    self.queue = collections.deque(i for i in self.queue if self._keep_fresh(i))
+
+  def submit(self, payloads: Sequence[Any]) -> list[int]:
+    """Queues one request per payload; returns their uids (the generation cursor's next numbers)."""
+    uids = [self._enqueue(payload) for payload in payloads]
+    self.counts["submitted"] += len(uids)
+    return uids
+
+  def ready_count(self) -> int:
+    return sum(self._eligible(i) for i in self.finished)
+
+  def take(self, n: int, *, poll_s: float = 0.002, max_wait_s: float = float("inf")) -> list:
+    """`n` finished, eligible items, lowest uid first; pumps until there are. Raises RuntimeError if nothing
+    could ever produce them (empty queue and no call in flight) or after `max_wait_s`."""
+    if self.version is None:
+      raise RuntimeError("async rollout: call set_weights(version, weights) before take().")
+    start = self.clock()
+    while self.ready_count() < n:
+      self.pump()
+      if self.ready_count() >= n:
+        break
+      if not self.queue and not self.inflight and not self._retiring:
+        raise RuntimeError(f"async rollout: {n} items requested, {self.ready_count()} can ever be ready "
+                           f"(nothing queued or in flight); submit more requests.")
+      if self.clock() - start > max_wait_s:
+        raise RuntimeError(f"async rollout: {n} items not ready after {max_wait_s} s.")
+      if poll_s:
+        time.sleep(poll_s)
+    eligible = sorted((i for i in self.finished if self._eligible(i)), key=lambda i: i.uid)[:n]
+    taken = {i.uid for i in eligible}
+    self.finished = [i for i in self.finished if i.uid not in taken]
+    self.counts["delivered"] += len(eligible)
+    return eligible
+
+  # ---------------------------------------------------------------------------------------- scheduling
+
+  def pump(self) -> None:
+    """One round: read answers, enforce deadlines, then give every idle worker a call."""
+    now = self.clock()
+    for index in sorted(self.inflight):
+      handle, sent, deadline = self.inflight[index]
+      if handle.ready():
+        del self.inflight[index]
+        try:
+          self._absorb(handle.result())
+        except WorkerCrash:
+          self.counts["crashes"] += 1
+          self._fail(index, handle, sent)
+      elif now > deadline:
+        del self.inflight[index]
+        self.counts["timeouts"] += 1
+        self._fail(index, handle, sent)
+    self._pump_retiring()
+    for index, handle in enumerate(self.handles):
+      if index in self.inflight or not self.queue or self.version is None:
+        continue
+      items = [self.queue.popleft() for _ in range(min(self.items_per_call, len(self.queue)))]
+      self.counts["calls"] += 1
+      self.inflight[index] = (handle, items, self.clock() + self.timeout_s)
+      handle.start(items, self.version, self._weights)
+
+  def resize(self, workers: int) -> None:
+    """Elastic assignment: `workers` workers from now on (retired ones finish their call in flight first)."""
+    if workers < 1:
+      raise ValueError(f"async rollout: resize({workers}) needs at least one worker.")
+    while len(self.handles) < workers:
+      self.handles.append(self._new_handle())
+    while len(self.handles) > workers:
+      index = len(self.handles) - 1
+      handle = self.handles.pop()
+      if index in self.inflight:
+        self._retiring.append(self.inflight.pop(index))
+      else:
+        handle.kill()
+
+  def close(self) -> None:
+    for handle in self.handles + [h for h, _, _ in self._retiring]:
+      handle.kill()
+    self.handles, self.inflight, self._retiring = [], {}, []
+
+  # ---------------------------------------------------------------------------------------- checkpoints
+
+  def state_dict(self) -> dict:
+    in_flight = [i for _, items, _ in list(self.inflight.values()) + self._retiring for i in items]
+    queue = sorted(in_flight + list(self.queue), key=lambda i: i.uid)
+    return {"cursor": self.cursor, "version": self.version, "queue": [i.to_dict() for i in queue],
+            "finished": [i.to_dict() for i in self.finished], "counts": dict(self.counts)}
+
+  def load_state_dict(self, state: dict) -> None:
+    """Restores a `state_dict` (weights come with the next `set_weights`): calls in flight are abandoned and
+    their items regenerated from the saved state."""
+    for handle, _, _ in list(self.inflight.values()) + self._retiring:
+      handle.kill()
+    self.handles = [self._new_handle() if i in self.inflight else h for i, h in enumerate(self.handles)]
+    self.inflight, self._retiring = {}, []
+    self.cursor, self.version = int(state["cursor"]), state["version"]
+    self.queue = collections.deque(WorkItem.from_dict(d) for d in state["queue"])
+    self.finished = [WorkItem.from_dict(d) for d in state["finished"]]
+    self.counts = {**dict.fromkeys(COUNTERS, 0), **state["counts"]}
+
+  # ---------------------------------------------------------------------------------------- internals
+
+  def _enqueue(self, payload) -> int:
+    self.queue.append(WorkItem(uid=self.cursor, payload=payload))
+    self.cursor += 1
+    return self.cursor - 1
+
+  def _new_handle(self):
+    self._made += 1
+    return self.backend.make(self.factory, self._made - 1, **self.options)
+
+  def _eligible(self, item: WorkItem) -> bool:
+    first = item.first_version()
+    return item.done and (first is None or self.version - first <= self.max_staleness)
+
+  def _keep_fresh(self, item: WorkItem) -> bool:
+    """False (and the item dropped or requeued as a new request) if it can never become eligible."""
+    first = item.first_version()
+    if first is None or self.version - first <= self.max_staleness:
+      return True
+    self.counts["dropped_stale"] += 1
+    if self.stale == "requeue":      # the same request again, under a new uid: the stale one is never delivered
+      self.counts["requeued_stale"] += 1
+      self._enqueue(item.payload)
+    return False
+
+  def _absorb(self, items: list) -> None:
+    for item in items:
+      if not self._keep_fresh(item):
+        continue
+      (self.finished.append if item.done else self.queue.append)(item)
+
+  def _fail(self, index: Optional[int], handle, sent: list) -> None:
+    """A call crashed or timed out: kill its worker (replace it, unless it was retiring) and put its items back
+    at the head of the queue in their order, each one attempt further (dropped at `max_attempts`)."""
+    handle.kill()
+    if index is not None:
+      self.handles[index] = self._new_handle()
+      self.counts["replaced"] += 1
+    back = []
+    for item in sent:
+      item.attempts += 1
+      if item.attempts >= self.max_attempts:
+        self.counts["dropped_failed"] += 1
+      else:
+        back.append(item)
+    self.queue.extendleft(reversed(back))
+
+  def _pump_retiring(self) -> None:
+    keep = []
+    for handle, sent, deadline in self._retiring:
+      if handle.ready():
+        try:
+          self._absorb(handle.result())
+          handle.kill()
+        except WorkerCrash:
+          self.counts["crashes"] += 1
+          self._fail(None, handle, sent)
+      elif self.clock() > deadline:
+        self.counts["timeouts"] += 1
+        self._fail(None, handle, sent)
+      else:
+        keep.append((handle, sent, deadline))
+    self._retiring = keep
