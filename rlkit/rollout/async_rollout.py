@@ -3,20 +3,23 @@ learner trains, and hands the learner finished trajectories no older than a stal
 
   pool = AsyncRollout(factory, backend="ray", workers=2, max_staleness=2)
   pool.set_weights(0, weights)             # version 0
-  uids = pool.submit(payloads)             # the generation cursor numbers every request
-  batch = pool.take(len(payloads))         # finished WorkItems whose oldest token is at most 2 versions old
+  uids = pool.submit(payloads, group_size=4)   # 4 samples of each payload; the cursor numbers every request
+  batch = pool.take(4 * len(payloads))     # whole groups of finished WorkItems, oldest token <= 2 versions old
   ... train ...; pool.set_weights(1, new_weights)
 
 Guarantees, each tested:
+- **Whole groups.** The samples of one payload (a group, for group-relative advantages) are delivered together
+  or not at all: `take` returns complete eligible groups only, and a member that is dropped takes its group
+  with it.
 - **Exactly once.** A request lives in one place at a time: the queue, one worker's call in flight, or the
   finished buffer; `take` removes what it returns. A worker that crashes (`WorkerCrash`) or misses its deadline
   (`timeout_s` on `clock`) is killed and replaced; the items of its call go back to the queue from their last
   returned state (`attempts` + 1), or are dropped after `max_attempts` (counted). A late answer of a killed
   worker is never read.
 - **Staleness.** An item is eligible when `version - first_version <= max_staleness` (its oldest token's policy);
-  one past the bound can never become eligible, so it is dropped the moment that is known (on `set_weights`,
-  before a dispatch, in the buffer) and, with `stale="requeue"`, its payload is submitted again as a new request
-  (a new uid: the stale one is never delivered). The learner never trains on data older than the bound.
+  one past the bound can never become eligible, so its group is dropped the moment that is known (on
+  `set_weights`, when a chunk returns) and, with `stale="requeue"`, its payload is submitted again as a new group
+  (new uids: the stale ones are never delivered). The learner never trains on data older than the bound.
 - **Partial rollouts.** An unfinished item returns to the queue after each chunk and continues under whatever
   version is current then; `versions` records the policy of every token.
 - **Checkpointable.** `state_dict()` holds the cursor, the version, the queue (items in flight as of their last
@@ -39,7 +42,7 @@ from rlkit.rollout.workers import WORKER_BACKENDS, WorkerCrash, WorkItem
 
 STALE_RULES = ("requeue", "drop")
 COUNTERS = ("submitted", "delivered", "crashes", "timeouts", "replaced", "dropped_failed", "dropped_stale",
-            "requeued_stale", "calls")
+            "requeued_stale", "calls")   # dropped_* and requeued_stale count groups; the rest count items
 
 
 class AsyncRollout:
@@ -57,7 +60,8 @@ class AsyncRollout:
     self.backend.setup(**self.options)
     self.items_per_call, self.max_staleness, self.timeout_s = items_per_call, max_staleness, float(timeout_s)
     self.max_attempts, self.stale, self.clock = max_attempts, stale, clock
-    self.cursor, self.version, self._weights = 0, None, None
+    self.cursor, self.groups, self.version, self._weights = 0, 0, None, None
+    self.dead: set = set()            # groups dropped while members were in flight (their answers are discarded)
     self.queue: collections.deque = collections.deque()
     self.finished: list = []
     self.counts = dict.fromkeys(COUNTERS, 0)
@@ -70,18 +74,22 @@ class AsyncRollout:
 
   def set_weights(self, version: int, weights: Any) -> None:
     """The policy every later chunk uses; items that can no longer become eligible leave at once."""
+    if self.version is not None:
+      self._collect()
     self.version, self._weights = int(version), self.backend.put(weights)
-    self.finished = [i for i in self.finished if self._keep_fresh(i)]
-    self.queue = collections.deque(i for i in self.queue if self._keep_fresh(i))
+    for item in list(self.finished) + list(self.queue):
+      if item.group not in self.dead and not self._fresh(item):
+        self._drop_group(item, stale=True)
 
-  def submit(self, payloads: Sequence[Any]) -> list[int]:
-    """Queues one request per payload; returns their uids (the generation cursor's next numbers)."""
-    uids = [self._enqueue(payload) for payload in payloads]
+  def submit(self, payloads: Sequence[Any], group_size: int = 1) -> list[int]:
+    """Queues `group_size` requests per payload (one group); returns their uids (the cursor's next numbers)."""
+    uids = [uid for payload in payloads for uid in self._enqueue(payload, group_size)]
     self.counts["submitted"] += len(uids)
     return uids
 
   def ready_count(self) -> int:
-    return sum(self._eligible(i) for i in self.finished)
+    """Items in complete, eligible groups."""
+    return sum(len(members) for members in self._ready_groups().values())
 
   def take(self, n: int, *, poll_s: float = 0.002, max_wait_s: float = float("inf")) -> list:
     """`n` finished, eligible items, lowest uid first; pumps until there are. Raises RuntimeError if nothing
@@ -100,7 +108,14 @@ class AsyncRollout:
         raise RuntimeError(f"async rollout: {n} items not ready after {max_wait_s} s.")
       if poll_s:
         time.sleep(poll_s)
-    eligible = sorted((i for i in self.finished if self._eligible(i)), key=lambda i: i.uid)[:n]
+    eligible = []
+    for _, members in sorted(self._ready_groups().items()):
+      if len(eligible) + len(members) > n:
+        break
+      eligible += sorted(members, key=lambda i: i.uid)
+    if len(eligible) != n:
+      raise RuntimeError(f"async rollout: take({n}) must be a whole number of groups; the next groups hold "
+                         f"{len(eligible)} items up to it.")
     taken = {i.uid for i in eligible}
     self.finished = [i for i in self.finished if i.uid not in taken]
     self.counts["delivered"] += len(eligible)
@@ -110,6 +125,19 @@ class AsyncRollout:
 
   def pump(self) -> None:
     """One round: read answers, enforce deadlines, then give every idle worker a call."""
+    self._collect()
+    for index, handle in enumerate(self.handles):
+      if index in self.inflight or not self.queue or self.version is None:
+        continue
+      items = [self.queue.popleft() for _ in range(min(self.items_per_call, len(self.queue)))]
+      self.counts["calls"] += 1
+      self.inflight[index] = (handle, items, self.clock() + self.timeout_s)
+      handle.start(items, self.version, self._weights)
+
+  def _collect(self) -> None:
+    """Reads every answer that is in and enforces deadlines, dispatching nothing. Run before a weight update
+    and a checkpoint too, so answers already in are placed the same whether or not a checkpoint is taken (the
+    in-process backend's answers are in at once: a resumed run then repeats the uninterrupted one)."""
     now = self.clock()
     for index in sorted(self.inflight):
       handle, sent, deadline = self.inflight[index]
@@ -125,13 +153,6 @@ class AsyncRollout:
         self.counts["timeouts"] += 1
         self._fail(index, handle, sent)
     self._pump_retiring()
-    for index, handle in enumerate(self.handles):
-      if index in self.inflight or not self.queue or self.version is None:
-        continue
-      items = [self.queue.popleft() for _ in range(min(self.items_per_call, len(self.queue)))]
-      self.counts["calls"] += 1
-      self.inflight[index] = (handle, items, self.clock() + self.timeout_s)
-      handle.start(items, self.version, self._weights)
 
   def resize(self, workers: int) -> None:
     """Elastic assignment: `workers` workers from now on (retired ones finish their call in flight first)."""
@@ -155,10 +176,16 @@ class AsyncRollout:
   # ---------------------------------------------------------------------------------------- checkpoints
 
   def state_dict(self) -> dict:
+    """The scheduler's state; answers already in are read first (`_collect`), calls still running are saved as
+    their items before the call (regenerated after a restore)."""
+    if self.version is not None:
+      self._collect()
     in_flight = [i for _, items, _ in list(self.inflight.values()) + self._retiring for i in items]
     queue = sorted(in_flight + list(self.queue), key=lambda i: i.uid)
-    return {"cursor": self.cursor, "version": self.version, "queue": [i.to_dict() for i in queue],
-            "finished": [i.to_dict() for i in self.finished], "counts": dict(self.counts)}
+    queue = [i for i in queue if i.group not in self.dead]
+    return {"cursor": self.cursor, "groups": self.groups, "version": self.version,
+            "queue": [i.to_dict() for i in queue], "finished": [i.to_dict() for i in self.finished],
+            "counts": dict(self.counts)}
 
   def load_state_dict(self, state: dict) -> None:
     """Restores a `state_dict` (weights come with the next `set_weights`): calls in flight are abandoned and
@@ -167,40 +194,54 @@ class AsyncRollout:
       handle.kill()
     self.handles = [self._new_handle() if i in self.inflight else h for i, h in enumerate(self.handles)]
     self.inflight, self._retiring = {}, []
-    self.cursor, self.version = int(state["cursor"]), state["version"]
+    self.cursor, self.groups, self.version = int(state["cursor"]), int(state["groups"]), state["version"]
+    self.dead = set()
     self.queue = collections.deque(WorkItem.from_dict(d) for d in state["queue"])
     self.finished = [WorkItem.from_dict(d) for d in state["finished"]]
     self.counts = {**dict.fromkeys(COUNTERS, 0), **state["counts"]}
 
   # ---------------------------------------------------------------------------------------- internals
 
-  def _enqueue(self, payload) -> int:
-    self.queue.append(WorkItem(uid=self.cursor, payload=payload))
-    self.cursor += 1
-    return self.cursor - 1
+  def _enqueue(self, payload, group_size: int) -> list[int]:
+    uids = list(range(self.cursor, self.cursor + group_size))
+    self.queue.extend(WorkItem(uid=u, payload=payload, group=self.groups, group_size=group_size) for u in uids)
+    self.cursor += group_size
+    self.groups += 1
+    return uids
 
   def _new_handle(self):
     self._made += 1
     return self.backend.make(self.factory, self._made - 1, **self.options)
 
-  def _eligible(self, item: WorkItem) -> bool:
+  def _fresh(self, item: WorkItem) -> bool:
+    """Whether the item can still be eligible: its oldest token at most `max_staleness` versions old."""
     first = item.first_version()
-    return item.done and (first is None or self.version - first <= self.max_staleness)
+    return first is None or self.version - first <= self.max_staleness
 
-  def _keep_fresh(self, item: WorkItem) -> bool:
-    """False (and the item dropped or requeued as a new request) if it can never become eligible."""
-    first = item.first_version()
-    if first is None or self.version - first <= self.max_staleness:
-      return True
-    self.counts["dropped_stale"] += 1
-    if self.stale == "requeue":      # the same request again, under a new uid: the stale one is never delivered
+  def _ready_groups(self) -> dict:
+    """{group: members} of the groups whose every member is finished and fresh."""
+    groups = collections.defaultdict(list)
+    for item in self.finished:
+      groups[item.group].append(item)
+    return {g: ms for g, ms in groups.items() if len(ms) == ms[0].group_size and all(map(self._fresh, ms))}
+
+  def _drop_group(self, item: WorkItem, stale: bool) -> None:
+    """Drops `item`'s whole group (its queued and finished members now, its members in flight when they
+    return); a stale group is submitted again as a new group under `stale="requeue"`."""
+    self.dead.add(item.group)
+    self.queue = collections.deque(i for i in self.queue if i.group != item.group)
+    self.finished = [i for i in self.finished if i.group != item.group]
+    self.counts["dropped_stale" if stale else "dropped_failed"] += 1
+    if stale and self.stale == "requeue":   # the same request again, under new uids: never delivered twice
       self.counts["requeued_stale"] += 1
-      self._enqueue(item.payload)
-    return False
+      self._enqueue(item.payload, item.group_size)
 
   def _absorb(self, items: list) -> None:
     for item in items:
-      if not self._keep_fresh(item):
+      if item.group in self.dead:
+        continue
+      if not self._fresh(item):
+        self._drop_group(item, stale=True)
         continue
       (self.finished.append if item.done else self.queue.append)(item)
 
@@ -214,11 +255,13 @@ class AsyncRollout:
     back = []
     for item in sent:
       item.attempts += 1
+      if item.group in self.dead:
+        continue
       if item.attempts >= self.max_attempts:
-        self.counts["dropped_failed"] += 1
+        self._drop_group(item, stale=False)
       else:
         back.append(item)
-    self.queue.extendleft(reversed(back))
+    self.queue.extendleft(reversed([i for i in back if i.group not in self.dead]))
 
   def _pump_retiring(self) -> None:
     keep = []

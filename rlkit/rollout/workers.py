@@ -47,6 +47,8 @@ class WorkItem:
   versions: list = dataclasses.field(default_factory=list)    # the policy version that produced each token
   done: bool = False
   attempts: int = 0                          # calls that failed (crash or timeout) while it was in them
+  group: int = 0                             # the group it belongs to (a prompt's samples are delivered together)
+  group_size: int = 1
   extra: dict = dataclasses.field(default_factory=dict)       # generator-owned state carried between chunks
 
   def first_version(self) -> Optional[int]:
@@ -162,8 +164,9 @@ def _ray():
   return ray
 
 
-def ray_setup(address: str = "", num_cpus: int = 0, **options) -> None:
-  """Starts a local Ray cluster (`address=""`, `num_cpus` CPUs, 0: all) or joins `address`; once per process."""
+def ray_setup(address: str = "", cluster_cpus: int = 0, **options) -> None:
+  """Starts a local Ray cluster (`address=""`, `cluster_cpus` CPUs, 0: all) or joins `address`; once per
+  process. (`num_cpus` among `options` is each worker actor's reservation, `RayHandle`'s.)"""
   del options
   ray = _ray()
   if ray.is_initialized():
@@ -172,7 +175,7 @@ def ray_setup(address: str = "", num_cpus: int = 0, **options) -> None:
   if address:
     ray.init(address=address, **kwargs)
   else:
-    ray.init(num_cpus=num_cpus or None, **kwargs)
+    ray.init(num_cpus=cluster_cpus or None, **kwargs)
 
 
 class _Actor:

@@ -16,7 +16,7 @@ from rlkit.optim.optimizers import optimizer_defaults
 # (registered on import):
 from rlkit.objectives import correction  # noqa: F401
 from rlkit.rollout import mismatch  # noqa: F401
-from rlkit.train import critic, distill, gar, multi_turn, onepo, overlong, slca, srd, tree_policy, weight_sync  # noqa: F401
+from rlkit.train import async_collect, critic, distill, gar, multi_turn, onepo, overlong, slca, srd, tree_policy, weight_sync  # noqa: F401
 
 
 def rl_defaults() -> ml_collections.ConfigDict:

@@ -205,6 +205,32 @@ class Learner:
     return state, metrics, skipped
 
 
+class _CollectorStateIterator:
+  """The data iterator with a collector's host state beside its own (`get_state` / `set_state`), so the stage's
+  checkpoint keeps both (an asynchronous collector's queue of unfinished samples, rlkit/train/async_collect.py)."""
+
+  def __init__(self, inner, collector):
+    self.inner, self.collector = inner, collector
+
+  def __next__(self):
+    return next(self.inner)
+
+  def get_state(self) -> dict:
+    return {"data": self.inner.get_state(), "collector": self.collector.get_state()}
+
+  def set_state(self, state: dict) -> None:
+    self.inner.set_state(state["data"])
+    self.collector.set_state(state["collector"])
+
+
+def with_collector_state(iterator, collector):
+  """`iterator` itself, or wrapped with the collector's state when the collector keeps host state across
+  iterations (it has `get_state`); a collector with `attach` gets the data iterator to read ahead from."""
+  if hasattr(collector, "attach"):
+    collector.attach(iterator)
+  return _CollectorStateIterator(iterator, collector) if hasattr(collector, "get_state") else iterator
+
+
 def stage_iterator(ctx, cfg, meta):
   return make_iterator(ctx.train_source, cfg.prompts_per_step, ctx.config.seed + 1000 * meta["stage_index"],
                        ctx.tokenizer, ctx.config.data.max_prompt_len, process_index=jax.process_index(),
@@ -223,7 +249,8 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   try:                       # the worker process is stopped however the stage ends
     reward_fn = REWARDS.get(cfg.reward.name)(ctx.task, executor, models=ctx.models, **dict(cfg.reward.kwargs))
     learner = Learner(ctx, cfg, state, reward_fn)
-    return loop(ctx, cfg, state, start, meta, stage_iterator(ctx, cfg, meta), learner.iteration, SHOW)
+    return loop(ctx, cfg, state, start, meta, with_collector_state(stage_iterator(ctx, cfg, meta), learner.collect),
+                learner.iteration, SHOW)
   finally:
     executor.close()
 

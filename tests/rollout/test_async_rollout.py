@@ -55,6 +55,27 @@ def test_a_crashed_worker_is_replaced_and_its_items_retried_never_twice():
   assert pool.counts["dropped_failed"] == 2 and pool.counts["crashes"] == 4
 
 
+def test_groups_are_delivered_whole_and_a_failed_member_takes_its_group():
+  pool = _pool(max_attempts=2)
+  pool.submit([{"length": 4}, {"length": 4, "crash": 9}, {"length": 2}], group_size=2)
+  got = pool.take(4, poll_s=0)
+  assert [(i.uid, i.group) for i in got] == [(0, 0), (1, 0), (4, 2), (5, 2)]
+  assert pool.counts["dropped_failed"] == 1             # group 1: both members, one count
+  pool.submit([{"length": 2}], group_size=3)
+  with pytest.raises(RuntimeError, match="whole number of groups"):
+    pool.take(2, poll_s=0)
+
+
+def test_a_stale_member_takes_its_group_and_the_group_is_requeued_whole():
+  pool = _pool(workers=1, items_per_call=1, max_staleness=0)
+  pool.submit([{"length": 4}], group_size=2)
+  pool.pump()                                           # member 0: 2 tokens at version 0; member 1 untouched
+  pool.set_weights(1, {"bias": 0})
+  got = pool.take(2, poll_s=0)
+  assert [(i.uid, i.group, i.versions) for i in got] == [(2, 1, [1] * 4), (3, 1, [1] * 4)]
+  assert pool.counts["dropped_stale"] == pool.counts["requeued_stale"] == 1
+
+
 def test_a_hung_worker_times_out_on_the_clock_and_is_replaced():
   pool = _pool(timeout_s=5.0, clock=FakeClock())
   pool.submit(_lengths(2, hang=1) + _lengths(2))
@@ -138,7 +159,7 @@ def test_bad_settings_are_clear_errors():
 def test_ray_actors_deliver_exactly_once_when_one_is_killed_mid_call():
   ray = pytest.importorskip("ray")
   from rlkit.rollout.workers import ray_setup
-  ray_setup(num_cpus=2)
+  ray_setup(cluster_cpus=2)
   slow = functools.partial(Counter, work_s=0.05)          # a call takes 0.2 s: the kill lands inside it
   pool = AsyncRollout(slow, backend="ray", workers=2, items_per_call=2, max_staleness=1,
                       backend_options={"num_cpus": 0.5})

@@ -1,0 +1,92 @@
+"""The asynchronous collector in the trainer (rlkit/train/async_collect.py): a GRPO run on in-process workers,
+synchronous at staleness 0; one-step-off-policy with partial rollouts records each token's policy version
+within the bound; a run killed mid-iteration resumes to the uninterrupted metrics (the pool's queue and cursor
+are in the checkpoint); the same run on Ray actors; settings checked by name."""
+import pytest
+
+from configs.grpo_arith import get_config
+from rlkit.core.errors import ConfigError
+from rlkit.train import async_collect, stages
+from rlkit.train.metrics import read_metrics, without_timings
+from rlkit.train.rl_stage import validate
+from tests.fast_compile import fast_compile
+
+
+def _config(**fields):
+  c = get_config("test")
+  c.stages = ("rl",)
+  c.rl.collector = "async"
+  c.rl.eval_every = 0
+  c.eval.num_examples = 0
+  c.checkpoint.every = 1
+  c.rl.async_rollout.update(fields)
+  return c
+
+
+def _rl_rows(path):
+  return [r for r in read_metrics(str(path / "metrics.jsonl")) if "loss" in r]
+
+
+def test_staleness_zero_trains_on_the_current_policy_only(tmp_path):
+  from rlkit.train.run import run
+  with fast_compile():
+    run(_config(), str(tmp_path))
+  rows = _rl_rows(tmp_path)
+  assert len(rows) == 4 and all(r["collect/async_delivered"] == 16 for r in rows)
+  assert all(r["collect/async_staleness_max"] == 0 and r["collect/async_dropped_stale"] == 0 for r in rows)
+
+
+class _Interrupted(Exception):
+  pass
+
+
+def test_off_policy_partial_rollouts_resume_to_the_uninterrupted_run(tmp_path, monkeypatch):
+  from rlkit.train.run import run
+  config = _config(prefetch=1, max_staleness=1, chunk_tokens=2, items_per_call=4)
+  with fast_compile():
+    run(config, str(tmp_path / "ref"))
+    save, call = stages.save, async_collect.AsyncCollector.__call__
+    saved = []
+
+    def save_and_mark(ctx, state, global_step, meta, force):
+      save(ctx, state, global_step, meta, force)
+      saved.append(global_step)
+
+    def dies_in_iteration_three(self, *args, **kwargs):
+      if saved == [1, 2]:              # iteration 3 starts with a queue of prefetched, half-sampled groups
+        raise _Interrupted()
+      return call(self, *args, **kwargs)
+    monkeypatch.setattr(stages, "save", save_and_mark)
+    monkeypatch.setattr(async_collect.AsyncCollector, "__call__", dies_in_iteration_three)
+    with pytest.raises(_Interrupted):
+      run(config, str(tmp_path / "cut"))
+    monkeypatch.setattr(async_collect.AsyncCollector, "__call__", call)
+    run(config, str(tmp_path / "cut"))
+  rows = _rl_rows(tmp_path / "ref")
+  assert [r["collect/async_staleness_max"] for r in rows][1:] == [1, 1, 1]   # trained one version behind
+  assert rows[0]["collect/async_submitted"] == 32          # its own batch and one ahead
+  assert without_timings(_rl_rows(tmp_path / "cut")) == without_timings(rows)
+
+
+def test_the_trainer_runs_on_ray_workers(tmp_path):
+  pytest.importorskip("ray")
+  import ray
+  from rlkit.train.run import run
+  config = _config(backend="ray", workers=1, num_cpus=0.5, prefetch=1, max_staleness=1)
+  config.rl.steps = 2
+  try:
+    with fast_compile():
+      run(config, str(tmp_path))
+  finally:
+    ray.shutdown()
+  rows = _rl_rows(tmp_path)
+  assert len(rows) == 2 and all(r["collect/async_delivered"] == 16 for r in rows)
+
+
+@pytest.mark.parametrize("fields,match", [({"backend": "threads"}, "backend"),
+                                          ({"stale": "keep"}, "stale='keep'"),
+                                          ({"prefetch": 2, "max_staleness": 1}, "prefetch=2"),
+                                          ({"workers": 0}, "workers=0")])
+def test_settings_are_checked_by_name(fields, match):
+  with pytest.raises(ConfigError, match=match):
+    validate(_config(**fields).rl, "rl")
