@@ -176,14 +176,15 @@ class AsyncRollout:
   # ---------------------------------------------------------------------------------------- checkpoints
 
   def state_dict(self) -> dict:
-    """The scheduler's state; answers already in are read first (`_collect`), calls still running are saved as
-    their items before the call (regenerated after a restore)."""
+    """The scheduler's state (with its number of workers, which `resize` may have changed); answers already in
+    are read first (`_collect`), calls still running are saved as their items before the call (regenerated
+    after a restore)."""
     if self.version is not None:
       self._collect()
     in_flight = [i for _, items, _ in list(self.inflight.values()) + self._retiring for i in items]
     queue = sorted(in_flight + list(self.queue), key=lambda i: i.uid)
     queue = [i for i in queue if i.group not in self.dead]
-    return {"cursor": self.cursor, "groups": self.groups, "version": self.version,
+    return {"cursor": self.cursor, "groups": self.groups, "version": self.version, "workers": len(self.handles),
             "queue": [i.to_dict() for i in queue], "finished": [i.to_dict() for i in self.finished],
             "counts": dict(self.counts)}
 
@@ -194,6 +195,7 @@ class AsyncRollout:
       handle.kill()
     self.handles = [self._new_handle() if i in self.inflight else h for i, h in enumerate(self.handles)]
     self.inflight, self._retiring = {}, []
+    self.resize(int(state["workers"]))
     self.cursor, self.groups, self.version = int(state["cursor"]), int(state["groups"]), state["version"]
     self.dead = set()
     self.queue = collections.deque(WorkItem.from_dict(d) for d in state["queue"])

@@ -28,6 +28,7 @@ from rlkit.core.sections import RL_SECTIONS, Section
 from rlkit.core.types import ROW_SOURCE, Rollout
 from rlkit.models.tokenizer import left_padded_batches, pad_right
 from rlkit.rollout.async_rollout import STALE_RULES, AsyncRollout
+from rlkit.rollout.elastic import QueueRule
 from rlkit.rollout.sampler import SamplingConfig, generate
 from rlkit.rollout.workers import WORKER_BACKENDS, Generator
 from rlkit.train.phases.collect import COLLECTORS, CollectorSpec, Samples
@@ -48,6 +49,11 @@ def async_defaults() -> ml_collections.ConfigDict:
   c.address = ""             # collector=async, backend=ray: "" starts a local cluster; "auto" or
                              # "ray://host:10001" joins an existing one
   c.num_cpus = 1.0           # collector=async, backend=ray: CPUs each worker actor reserves
+  c.elastic = False          # collector=async: resize the workers every step by rlkit/rollout/elastic.QueueRule
+                             # (the samples waiting for the learner against the batch), in [1, max_workers]
+  c.max_workers = 4          # collector=async, elastic: the most workers
+  c.elastic_low = 1.0        # collector=async, elastic: fewer fresh samples waiting than low x batch: one more
+  c.elastic_high = 2.0       # collector=async, elastic: at least high x batch waiting: one fewer
   return c
 
 
@@ -115,11 +121,17 @@ class AsyncCollector:
     if first and self._state is None:
       for _ in range(int(self.section.prefetch)):
         self.pool.submit(_payloads(next(self.iterator)), group_size)
-    items = self.pool.take(len(batch["answer"]) * group_size)
+    n = len(batch["answer"]) * group_size
+    if self.section.elastic:   # the learner is one "device" beside at most max_workers rollout workers
+      rule = QueueRule(int(self.section.max_workers) + 1, float(self.section.elastic_high),
+                       float(self.section.elastic_low))
+      self.pool.resize(rule.decide(len(self.pool.handles), self.pool.ready_count(), n))
+    items = self.pool.take(n)
     samples = _samples(items, sampling, group_size, first_group_id, batch["prompt_tokens"].shape[1], put_batch)
     lag = [self.version - i.first_version() for i in items if i.versions]
     samples.metrics.update({f"async_{k}": self.pool.counts[k] - before[k] for k in before},
-                           async_staleness_max=max(lag, default=0), async_staleness_sum=sum(lag))
+                           async_staleness_max=max(lag, default=0), async_staleness_sum=sum(lag),
+                           async_workers=len(self.pool.handles))
     return samples
 
   def get_state(self) -> dict:
@@ -177,6 +189,10 @@ def _check(stage, name: str) -> None:
     value = a[key]
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
       raise ValueError(f"{where}.{key}={value!r} must be an integer >= {low}.")
+  if a.elastic and (not isinstance(a.max_workers, int) or a.max_workers < 1 or
+                    not 0 <= float(a.elastic_low) <= float(a.elastic_high)):
+    raise ValueError(f"{where}: elastic needs max_workers >= 1 and 0 <= elastic_low <= elastic_high, got "
+                     f"{a.max_workers}, {a.elastic_low}, {a.elastic_high}.")
   if a.prefetch > a.max_staleness:
     raise ValueError(f"{where}.prefetch={a.prefetch} submits batches the learner takes {a.prefetch} versions "
                      f"later, past max_staleness={a.max_staleness}: they would be dropped; raise max_staleness "

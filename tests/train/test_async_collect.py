@@ -1,6 +1,6 @@
 """The asynchronous collector in the trainer (rlkit/train/async_collect.py): a GRPO run on in-process workers,
-synchronous at staleness 0; one-step-off-policy with partial rollouts records each token's policy version
-within the bound; a run killed mid-iteration resumes to the uninterrupted metrics (the pool's queue and cursor
+synchronous at staleness 0; one-step-off-policy with partial rollouts and elastic workers trains within the
+bound, and a run killed mid-iteration resumes to the uninterrupted metrics (the pool's queue, cursor and size
 are in the checkpoint); the same run on Ray actors; settings checked by name."""
 import pytest
 
@@ -42,7 +42,8 @@ class _Interrupted(Exception):
 
 def test_off_policy_partial_rollouts_resume_to_the_uninterrupted_run(tmp_path, monkeypatch):
   from rlkit.train.run import run
-  config = _config(prefetch=1, max_staleness=1, chunk_tokens=2, items_per_call=4)
+  config = _config(prefetch=1, max_staleness=1, chunk_tokens=2, items_per_call=4, workers=1, elastic=True,
+                   max_workers=3)          # the pool grows while the learner waits: its size is resumed too
   with fast_compile():
     run(config, str(tmp_path / "ref"))
     save, call = stages.save, async_collect.AsyncCollector.__call__
@@ -65,6 +66,7 @@ def test_off_policy_partial_rollouts_resume_to_the_uninterrupted_run(tmp_path, m
   rows = _rl_rows(tmp_path / "ref")
   assert [r["collect/async_staleness_max"] for r in rows][1:] == [1, 1, 1]   # trained one version behind
   assert rows[0]["collect/async_submitted"] == 32          # its own batch and one ahead
+  assert [r["collect/async_workers"] for r in rows] == [2, 3, 3, 3]      # 1 worker grew to max_workers
   assert without_timings(_rl_rows(tmp_path / "cut")) == without_timings(rows)
 
 
