@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import ml_collections
@@ -30,7 +31,7 @@ from rlkit.models.tokenizer import left_padded_batches, pad_right
 from rlkit.rollout.async_rollout import STALE_RULES, AsyncRollout
 from rlkit.rollout.elastic import QueueRule
 from rlkit.rollout.sampler import SamplingConfig, generate
-from rlkit.rollout.workers import WORKER_BACKENDS, Generator
+from rlkit.rollout.workers import WORKER_BACKENDS, Generator, WorkerCrash
 from rlkit.train.phases.collect import COLLECTORS, CollectorSpec, Samples
 
 
@@ -49,6 +50,9 @@ def async_defaults() -> ml_collections.ConfigDict:
   c.address = ""             # collector=async, backend=ray: "" starts a local cluster; "auto" or
                              # "ray://host:10001" joins an existing one
   c.num_cpus = 1.0           # collector=async, backend=ray: CPUs each worker actor reserves
+  c.fault_rate = 0.0         # collector=async: fault injection for tests and experiments: each worker call dies with
+                             # this probability (seeded by its first item's uid and attempt): an in-process
+                             # worker raises WorkerCrash, a Ray actor's process exits
   c.elastic = False          # collector=async: resize the workers every step by rlkit/rollout/elastic.QueueRule
                              # (the samples waiting for the learner against the batch), in [1, max_workers]
   c.max_workers = 4          # collector=async, elastic: the most workers
@@ -62,10 +66,17 @@ class PolicyGenerator(Generator):
   weights of `version`. Keys: fold_in(seed, first uid of the call, its tokens so far), so a call is a function
   of its items, version and weights (a resumed in-process run repeats the uninterrupted one)."""
 
-  def __init__(self, model, sampling: SamplingConfig, chunk: int, batch: int, seed: int):
+  def __init__(self, model, sampling: SamplingConfig, chunk: int, batch: int, seed: int, fault_rate: float = 0.0,
+               exit_on_fault: bool = False):
     self.model, self.sampling, self.chunk, self.batch, self.seed = model, sampling, chunk, batch, seed
+    self.fault_rate, self.exit_on_fault = fault_rate, exit_on_fault
 
   def step(self, items, version, weights):
+    if self.fault_rate and np.random.default_rng([self.seed, items[0].uid, items[0].attempts,
+                                                  len(items[0].tokens)]).random() < self.fault_rate:
+      if self.exit_on_fault:   # a Ray actor: its process dies, as a lost node or the OOM killer would do it
+        os._exit(1)
+      raise WorkerCrash("injected fault (rl.async_rollout.fault_rate)")
     rows = [list(i.payload["prompt_ids"]) + list(i.tokens) for i in items]
     cfg = dataclasses.replace(self.sampling, max_new_tokens=self.chunk)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.seed), items[0].uid), len(items[0].tokens))
@@ -97,7 +108,8 @@ class AsyncCollector:
   def _build(self, model, sampling: SamplingConfig, seed: int) -> AsyncRollout:
     a = self.section
     chunk = int(a.chunk_tokens) or sampling.max_new_tokens
-    factory = functools.partial(PolicyGenerator, model, sampling, chunk, int(a.items_per_call), seed)
+    factory = functools.partial(PolicyGenerator, model, sampling, chunk, int(a.items_per_call), seed,
+                                float(a.fault_rate), a.backend == "ray")
     options = {"address": a.address, "num_cpus": float(a.num_cpus)} if a.backend == "ray" else {}
     pool = AsyncRollout(factory, backend=a.backend, workers=int(a.workers), items_per_call=int(a.items_per_call),
                         max_staleness=int(a.max_staleness), timeout_s=float(a.timeout_s),
@@ -189,6 +201,8 @@ def _check(stage, name: str) -> None:
     value = a[key]
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
       raise ValueError(f"{where}.{key}={value!r} must be an integer >= {low}.")
+  if not 0.0 <= float(a.fault_rate) < 1.0:
+    raise ValueError(f"{where}.fault_rate={a.fault_rate} must be in [0, 1).")
   if a.elastic and (not isinstance(a.max_workers, int) or a.max_workers < 1 or
                     not 0 <= float(a.elastic_low) <= float(a.elastic_high)):
     raise ValueError(f"{where}: elastic needs max_workers >= 1 and 0 <= elastic_low <= elastic_high, got "

@@ -27,13 +27,18 @@ def _rl_rows(path):
   return [r for r in read_metrics(str(path / "metrics.jsonl")) if "loss" in r]
 
 
-def test_staleness_zero_trains_on_the_current_policy_only(tmp_path):
+def test_staleness_zero_trains_on_the_current_policy_only_through_worker_faults(tmp_path):
   from rlkit.train.run import run
   with fast_compile():
-    run(_config(), str(tmp_path))
+    config = _config(fault_rate=0.3, items_per_call=4)
+    config.rl.steps = 3
+    run(config, str(tmp_path))
   rows = _rl_rows(tmp_path)
-  assert len(rows) == 4 and all(r["collect/async_delivered"] == 16 for r in rows)
+  assert len(rows) == 3 and all(r["collect/async_delivered"] == 16 for r in rows)
   assert all(r["collect/async_staleness_max"] == 0 and r["collect/async_dropped_stale"] == 0 for r in rows)
+  assert sum(r["collect/async_crashes"] for r in rows) > 0          # workers died and were replaced ...
+  assert sum(r["collect/async_replaced"] for r in rows) == sum(r["collect/async_crashes"] for r in rows)
+  assert all(r["collect/async_dropped_failed"] == 0 for r in rows)  # ... and no sample was lost or doubled
 
 
 class _Interrupted(Exception):
@@ -88,7 +93,8 @@ def test_the_trainer_runs_on_ray_workers(tmp_path):
 @pytest.mark.parametrize("fields,match", [({"backend": "threads"}, "backend"),
                                           ({"stale": "keep"}, "stale='keep'"),
                                           ({"prefetch": 2, "max_staleness": 1}, "prefetch=2"),
-                                          ({"workers": 0}, "workers=0")])
+                                          ({"workers": 0}, "workers=0"),
+                                          ({"fault_rate": 1.0}, "fault_rate=1.0")])
 def test_settings_are_checked_by_name(fields, match):
   with pytest.raises(ConfigError, match=match):
     validate(_config(**fields).rl, "rl")
