@@ -98,11 +98,10 @@ def simulate(schedule: str, devices: int, w: Workload, steps: int = 50, rollout:
   if schedule == "colocate":
     t = 0.0
     for _ in range(steps):
-      finish = np.zeros(devices)                               # each device works through its share
+      finish = [0.0] * devices                                 # each sample goes to the first free device
       for g in _gen_times(rng, w, w.batch):
-        d = int(np.argmin(finish))
-        finish[d] += g
-      t += finish.max() + _train_s(w, devices)
+        heapq.heappush(finish, heapq.heappop(finish) + float(g))
+      t += max(finish) + _train_s(w, devices)
     return SimResult(steps * w.batch / t, 0.0, 0.0, 0.0, 0, float(devices))
   rollout = rollout or max(1, devices // 2)
   rule = rule or QueueRule(devices)
