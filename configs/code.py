@@ -31,15 +31,16 @@ def get_config(arg=None):
   c.tokenizer.kind = "hf"            # the model folder's tokenizer
   c.wandb.mode = "disabled"
   c.task.name = "code_functions"
+  c.task.kwargs.verbose_rate = 0.0   # the fraction of padded demonstrations (rlkit/agents/code_task.py)
   c.data.num_train = 5_000
   c.data.num_test = 200
-  c.data.max_prompt_len = 104        # the longest prompt is 100 of the base's tokens (3 steps)
+  c.data.max_prompt_len = 112        # the longest prompt is 105 of the base's tokens (3 steps)
 
   c.sft = sft_defaults()
   c.sft.steps = 300
   c.sft.stop_at_loss = 0.0           # a fixed length
   c.sft.batch_size = 32
-  c.sft.max_len = 168                # prompt (<= 100) + demonstration (<= 62) + end token
+  c.sft.max_len = 216                # prompt (<= 105) + demonstration (<= 62; 102 padded) + end token
   c.sft.optimizer.lr = 3e-4
   c.sft.optimizer.warmup_steps = 20
 
@@ -47,14 +48,14 @@ def get_config(arg=None):
   c.rl.steps = 100
   c.rl.prompts_per_step = 8
   c.rl.group_size = 8
-  c.rl.max_new_tokens = 72           # the longest demonstration is 62 tokens
+  c.rl.max_new_tokens = 104          # the longest demonstration is 62 tokens, 102 padded (verbose_rate)
   c.rl.optimizer.lr = 2e-5
   c.rl.reward.name = "code_tests"
   c.rl.eval_every = 25
   c.eval.num_examples = 200          # each graded in the sandbox (~50 ms each, serial)
   c.eval.batch_size = 200
   c.eval.pass_k = 0
-  c.eval.max_new_tokens = 72
+  c.eval.max_new_tokens = 104
   c.checkpoint.every = 25
   if preset == "test":
     c.model.path = ""

@@ -144,6 +144,8 @@ class CodeFunctions:
   max_steps: int = 3
   tests: int = 8
   max_constant: int = 9
+  verbose_rate: float = 0.0   # the fraction of demonstrations padded with redundant statements (a testbed for
+                              # graders that prefer concise solutions: SFT then writes both kinds)
   name: str = dataclasses.field(default="code_functions", init=False)
   required_fields: tuple = dataclasses.field(default=(), init=False)
 
@@ -151,6 +153,8 @@ class CodeFunctions:
     kinds = self.kinds.split(",") if isinstance(self.kinds, str) else []
     _require(bool(kinds) and set(kinds) <= set(STEPS), self.name,
              f"kinds must be a comma-separated subset of {','.join(STEPS)}, got {self.kinds!r}.")
+    _require(isinstance(self.verbose_rate, (int, float)) and 0.0 <= self.verbose_rate <= 1.0, self.name,
+             f"verbose_rate must be a number in [0, 1], got {self.verbose_rate!r}.")
     for key, low, high in (("max_steps", 1, 6), ("tests", 1, 64), ("max_constant", 2, 99)):
       value = getattr(self, key)
       _require(isinstance(value, (int, np.integer)) and low <= value <= high, self.name,
@@ -165,6 +169,8 @@ class CodeFunctions:
     x = int(rng.integers(1, 10))
     phrase = ", then ".join(STEPS[kind][0].format(k=k) for kind, k in steps)
     spec = {"steps": steps, "seed": int(rng.integers(2 ** 31)), "tests": self.tests}
+    if self.verbose_rate and rng.random() < self.verbose_rate:
+      spec["pad"] = int(rng.integers(1, 3))      # redundant statement pairs in the demonstration
     return {"prompt": f"Write a Python function f(x): {phrase}. Example: f({x}) = {apply_steps(steps, x)}.\n",
             "answer": json.dumps(spec)}
 
@@ -176,11 +182,14 @@ class CodeFunctions:
     return float(report.total > 0 and report.passed == report.total)
 
   def demonstration(self, example: Mapping[str, Any]) -> str:
-    return reference_code(example["answer"])
+    """The reference, or, for a padded example, the reference with `pad` redundant pairs before its return."""
+    code = reference_code(example["answer"])
+    pad = json.loads(example["answer"]).get("pad", 0)
+    return code.replace("    return x", "    y = x\n    x = y\n" * pad + "    return x") if pad else code
 
 
 def reference_code(answer: str) -> str:
-  """The step-by-step reference solution of an example's answer (its demonstration)."""
+  """The step-by-step reference solution of an example's answer (its demonstration when not padded)."""
   body = "".join(f"    {STEPS[kind][1].format(k=k)}\n" for kind, k in json.loads(answer)["steps"])
   return f"def f(x):\n{body}    return x"
 

@@ -112,6 +112,19 @@ def test_grs_multiplies_tests_solution_quality_and_behaviour():
     REWARDS.get("code_tests")(None, None, grader="llm")
 
 
+def test_padded_demonstrations_pass_and_score_below_the_reference():
+  from rlkit.agents.code_reward import solution_score
+  task, examples = _examples(40, seed=2, verbose_rate=0.5)
+  padded = [e for e in examples if "pad" in json.loads(e["answer"])]
+  assert 10 <= len(padded) <= 30
+  demos = [task.demonstration(e) for e in padded]
+  reports = C.run_tests(C.default_sandbox(), demos, [e["answer"] for e in padded])
+  assert all(r.passed == r.total for r in reports)
+  scores = [solution_score(d, C.reference_code(e["answer"])) for d, e in zip(demos, padded)]
+  assert max(scores) < 0.9 and sum(scores) / len(scores) < 0.75
+  assert _examples(3, seed=2)[1] == _examples(3, seed=2, verbose_rate=0.0)[1]   # off: the examples as before
+
+
 def test_audit_flags():
   assert audit_code("def f(x):\n    x = x * 3\n    return x\n") == ()
   assert audit_code("def f(x):\n    return 14\n") == ("constant",)
