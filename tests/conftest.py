@@ -45,7 +45,8 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # (2-core EPYC, Dec 2026; `--junitxml` gives the times); a file missing from the list only loses its place.
 LONGEST_FIRST = (
     "tests/train/test_stages.py", "tests/train/test_steps.py", "tests/train/test_launch.py",
-    "tests/train/test_weight_sync.py", "tests/train/test_real_paths.py", "tests/quant/test_quantizers.py",
+    "tests/train/test_weight_sync.py", "tests/train/test_async_collect.py", "tests/train/test_real_paths.py",
+    "tests/quant/test_quantizers.py",
     "tests/train/test_stage_switches.py", "tests/train/test_main_job.py", "tests/train/test_multihost.py",
     "tests/rollout/test_sampler.py", "tests/optim/test_logra_training.py", "tests/kernels/test_cpu_attention.py",
     "tests/rollout/test_resumable_sampler.py", "tests/train/test_early_stop.py", "tests/objectives/test_correction.py",

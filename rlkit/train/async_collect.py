@@ -106,14 +106,8 @@ class AsyncCollector:
     self.iterator = iterator
 
   def _build(self, model, sampling: SamplingConfig, seed: int) -> AsyncRollout:
-    a = self.section
-    chunk = int(a.chunk_tokens) or sampling.max_new_tokens
-    factory = functools.partial(PolicyGenerator, model, sampling, chunk, int(a.items_per_call), seed,
-                                float(a.fault_rate), a.backend == "ray")
-    options = {"address": a.address, "num_cpus": float(a.num_cpus)} if a.backend == "ray" else {}
-    pool = AsyncRollout(factory, backend=a.backend, workers=int(a.workers), items_per_call=int(a.items_per_call),
-                        max_staleness=int(a.max_staleness), timeout_s=float(a.timeout_s),
-                        max_attempts=int(a.max_attempts), stale=a.stale, backend_options=options)
+    factory, kwargs = pool_arguments(self.section, model, sampling, seed)
+    pool = AsyncRollout(factory, **kwargs)
     if self._state is not None:
       pool.load_state_dict(self._state["pool"])
     return pool
@@ -134,10 +128,8 @@ class AsyncCollector:
       for _ in range(int(self.section.prefetch)):
         self.pool.submit(_payloads(next(self.iterator)), group_size)
     n = len(batch["answer"]) * group_size
-    if self.section.elastic:   # the learner is one "device" beside at most max_workers rollout workers
-      rule = QueueRule(int(self.section.max_workers) + 1, float(self.section.elastic_high),
-                       float(self.section.elastic_low))
-      self.pool.resize(rule.decide(len(self.pool.handles), self.pool.ready_count(), n))
+    if self.section.elastic:
+      self.pool.resize(elastic_workers(self.section, len(self.pool.handles), self.pool.ready_count(), n))
     items = self.pool.take(n)
     samples = _samples(items, sampling, group_size, first_group_id, batch["prompt_tokens"].shape[1], put_batch)
     lag = [self.version - i.first_version() for i in items if i.versions]
@@ -154,6 +146,24 @@ class AsyncCollector:
   def set_state(self, state: dict) -> None:
     self.version = int(state["version"])
     self._state = state if state.get("pool") is not None else None
+
+
+def pool_arguments(a, model, sampling: SamplingConfig, seed: int) -> tuple:
+  """(the workers' generator factory, AsyncRollout's keyword arguments) of an `rl.async_rollout` section."""
+  chunk = int(a.chunk_tokens) or sampling.max_new_tokens
+  factory = functools.partial(PolicyGenerator, model, sampling, chunk, int(a.items_per_call), seed,
+                              float(a.fault_rate), a.backend == "ray")
+  options = {"address": a.address, "num_cpus": float(a.num_cpus)} if a.backend == "ray" else {}
+  return factory, dict(backend=a.backend, workers=int(a.workers), items_per_call=int(a.items_per_call),
+                       max_staleness=int(a.max_staleness), timeout_s=float(a.timeout_s),
+                       max_attempts=int(a.max_attempts), stale=a.stale, backend_options=options)
+
+
+def elastic_workers(a, workers: int, ready: int, n: int) -> int:
+  """The workers for the next take under `rl.async_rollout.elastic`: QueueRule over the learner (one "device")
+  and at most `max_workers` workers, from the `ready` samples waiting against the `n` the learner takes."""
+  rule = QueueRule(int(a.max_workers) + 1, float(a.elastic_high), float(a.elastic_low))
+  return rule.decide(workers, ready, n)
 
 
 def _payloads(batch) -> list:

@@ -116,3 +116,25 @@ def test_the_estimator_wires_correct_quality_lengths_and_flags():
 def test_the_checks_name_the_key(fields, match):
   with pytest.raises(ValueError, match=match):
     gar.check(_section(**fields), "rl")
+
+
+def test_every_gar_field_acts():
+  r, p, f = _mixed_group()
+  mask = np.zeros((8, 6), bool)
+  for i, n in enumerate([6, 3, 5, 4, 6, 2, 4, 5]):
+    mask[i, :n] = True
+  segments = np.full((8, 6), SEGMENT_KINDS["summary"])
+  segments[:, :2] = SEGMENT_KINDS["tool_call"]
+  batch = types.SimpleNamespace(loss_mask=jnp.asarray(mask), segment_ids=jnp.asarray(segments))
+  flag = np.zeros(8)
+  flag[[0, 3]] = 1.0
+  arrays = RewardArrays(jnp.asarray(r, jnp.float32), jnp.asarray(p), {"quality": jnp.asarray(f, jnp.float32),
+                        "flag_tool_call": jnp.asarray(flag, jnp.float32)}, None)
+  fn = TOKEN_ESTIMATORS.get("gar").fn
+  base_fields = dict(length_coef=0.1, flag_kinds="tool_call", pass_rate_min=0.5)
+  base = np.asarray(fn(arrays, batch, _section(**base_fields), 8, None)[0])
+  flips = {"quality": "", "lam_cap": 1.05, "scale": True, "length_coef": 0.5, "pass_rate_min": 0.9,
+           "anchor_quantile": 0.9, "flag_kinds": "", "amplify": 4.0}
+  for key, value in flips.items():
+    flipped = np.asarray(fn(arrays, batch, _section(**{**base_fields, key: value}), 8, None)[0])
+    assert not np.allclose(flipped, base), key

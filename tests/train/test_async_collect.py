@@ -98,3 +98,31 @@ def test_the_trainer_runs_on_ray_workers(tmp_path):
 def test_settings_are_checked_by_name(fields, match):
   with pytest.raises(ConfigError, match=match):
     validate(_config(**fields).rl, "rl")
+
+
+def test_every_async_field_acts():
+  """Each field of rl.async_rollout flips what the scheduler is built with (pool_arguments), what the elastic
+  step decides (elastic_workers), or, for prefetch and elastic themselves, the runs above."""
+  from rlkit.rollout.distribution import SamplingConfig
+  from rlkit.train.rl_config import rl_defaults
+  sampling = SamplingConfig(max_new_tokens=16)
+
+  def built(**fields):
+    a = rl_defaults().async_rollout
+    a.update(fields)
+    factory, kwargs = async_collect.pool_arguments(a, None, sampling, seed=3)
+    return factory.args + (factory.keywords,), kwargs
+
+  base = built()
+  flips = {"backend": "ray", "workers": 3, "items_per_call": 2, "chunk_tokens": 4, "max_staleness": 2,
+           "stale": "drop", "timeout_s": 5.0, "max_attempts": 1, "fault_rate": 0.5}
+  for key, value in flips.items():
+    assert built(**{key: value}) != base, key
+  ray = built(backend="ray")
+  for key, value in {"address": "auto", "num_cpus": 0.5}.items():
+    assert built(backend="ray", **{key: value}) != ray, key
+  a = _config().rl.async_rollout
+  assert async_collect.elastic_workers(a, 2, ready=20, n=16) == 2
+  for key, value, want in (("elastic_low", 1.5, 3), ("elastic_high", 1.2, 1), ("max_workers", 1, 1)):
+    flipped = _config(**{key: value}).rl.async_rollout
+    assert async_collect.elastic_workers(flipped, 2, ready=20, n=16) == want, key

@@ -48,7 +48,7 @@ def _run(workdir, *overrides, timeout=300):
     ('--config.rl.policy_kwargs={"tau": 1.0}', "policy loss 'ppo_clip' takes no parameter 'tau'"),
     ("--config.rl.correction.rollout_rs=token_k9", "rl.correction.rollout_rs"),
     ("--config.rl.rollout_mismatch.noise_kind=gauss", "noise_kind='gauss'"),
-    ("--config.rl.advantage=gea", "choose one of: gae,"),
+    ("--config.rl.advantage=gea", "choose one of: gar, gae,"),   # the closest names first
     ("--config.models.peer.path=x", "models has no key 'peer'. Valid keys of models: none"),   # was a traceback
 ])
 def test_config_error_is_clear_and_writes_nothing(tmp_path, override, needle):

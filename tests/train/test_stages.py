@@ -527,6 +527,15 @@ COVERED_ELSEWHERE = {
     "multi_turn.tools": "tests/agents/test_tools.py (user tools load by name and run as the calculator's do)",
     "multi_turn.tool_timeout_s": "tests/agents/test_tools.py::test_calls_become_results_or_error_observations_"
                                  "within_the_time_limit, and tests/agents/test_runner.py",
+    **{f"async_rollout.{k}": "tests/train/test_async_collect.py::test_every_async_field_acts (on the scheduler "
+                             "it builds and the elastic step; the runs in that file flip prefetch and elastic)"
+       for k in ("backend", "workers", "items_per_call", "chunk_tokens", "max_staleness", "prefetch", "stale",
+                 "timeout_s", "max_attempts", "address", "num_cpus", "fault_rate", "elastic", "max_workers",
+                 "elastic_low", "elastic_high")},
+    **{f"gar.{k}": "tests/rewards/test_graders.py::test_every_gar_field_acts (advantage=gar needs a reward with "
+                   "a passing set and a quality component)"
+       for k in ("quality", "lam_cap", "scale", "length_coef", "pass_rate_min", "anchor_quantile", "flag_kinds",
+                 "amplify")},
     **{f"sync.{k}": "tests/train/test_weight_sync.py::test_every_sync_field_changes_the_sampler_copy (the "
                     "sampler copy needs a mesh; the RL runs with sync on are in that file too)"
        for k in ("kind", "dtype", "capacity_frac", "impl", "mesh.data", "mesh.fsdp", "mesh.tensor", "verify_dense")},
