@@ -201,7 +201,7 @@ def _rlimits_plan(limits: Limits, task_dir: str, uid: Optional[int], launch: lis
 
 class BackendSpec(NamedTuple):
   plan: Callable          # (limits, host task dir, uid or None, launcher argv) -> _Plan
-  paths: Callable         # host task dir -> (task dir, working dir) as the program sees them
+  layout: Callable        # host task dir -> (task dir, working dir) as the program sees them (made if needed)
   check: Callable         # (python) -> None, or raises SandboxUnavailable naming why and the fix
 
 
@@ -233,9 +233,16 @@ def _check_rlimits(python: str) -> None:
 
 
 SANDBOX_BACKENDS: Registry[BackendSpec] = Registry("sandbox backend")
+def _rlimits_layout(task_dir: str) -> tuple[str, str]:
+  """The host's own paths: the task files where they are, a working directory beside them anyone may write."""
+  work = os.path.join(task_dir, "work")
+  os.makedirs(work)
+  os.chmod(work, 0o777)
+  return task_dir, work
+
+
 SANDBOX_BACKENDS.register("bwrap")(BackendSpec(_bwrap_plan, lambda d: (TASK_DIR, WORKDIR), _check_bwrap))
-SANDBOX_BACKENDS.register("rlimits")(BackendSpec(_rlimits_plan, lambda d: (d, os.path.join(d, "work")),
-                                                 _check_rlimits))
+SANDBOX_BACKENDS.register("rlimits")(BackendSpec(_rlimits_plan, _rlimits_layout, _check_rlimits))
 _CHECKED: dict = {}
 
 
@@ -302,10 +309,7 @@ class Sandbox:
       os.chmod(os.path.join(task_host, name), 0o644)
     for path in (host_dir, task_host):
       os.chmod(path, 0o755)   # readable by the sandbox's user; it sees only the files it was given
-    task, cwd = self._spec.paths(task_host)
-    if self.backend == "rlimits":
-      os.makedirs(cwd, mode=0o777)
-      os.chmod(cwd, 0o777)
+    task, cwd = self._spec.layout(task_host)
     python = self.python_path
     argv = [a.format(python=python, task=task) for a in job.argv]
     env = {"PATH": _PATH, "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
