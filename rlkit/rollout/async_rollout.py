@@ -91,9 +91,10 @@ class AsyncRollout:
     """Items in complete, eligible groups."""
     return sum(len(members) for members in self._ready_groups().values())
 
-  def take(self, n: int, *, poll_s: float = 0.002, max_wait_s: float = float("inf")) -> list:
+  def take(self, n: int, *, poll_s: float = 0.01, max_wait_s: float = float("inf")) -> list:
     """`n` finished, eligible items, lowest uid first; pumps until there are. Raises RuntimeError if nothing
-    could ever produce them (empty queue and no call in flight) or after `max_wait_s`."""
+    could ever produce them (empty queue and no call in flight) or after `max_wait_s`. Between rounds it sleeps
+    `poll_s` (the learner must not spin on the cores its workers sample on)."""
     if self.version is None:
       raise RuntimeError("async rollout: call set_weights(version, weights) before take().")
     start = self.clock()
