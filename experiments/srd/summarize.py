@@ -145,8 +145,9 @@ def render(root: str, seeds: list, runs: dict, plot_name: str) -> list:
   prereg, ran, minutes, commands = commits(root, README)
   gate = read_gate(root)
   lines = ["# srd: results", "",
-           f"Written by `python experiments/srd/summarize.py` from `{root}`; do not edit by hand (changes after "
-           "the pre-registration go into the archive's `changes.md`).", "",
+           f"Written by `python experiments/srd/summarize.py --root={root} --seeds={','.join(map(str, seeds))} "
+           f"--out=experiments/srd`; do not edit by hand (changes after the pre-registration go into the "
+           "archive's `changes.md`).", "",
            f"- Pre-registration: commit `{prereg}` (the commit that added README.md)",
            f"- Runs: commit(s) `{ran}`; {commands} command(s), {minutes:.1f} wall minutes in all",
            f"- Seeds: {', '.join(map(str, seeds))}; {STEPS} iterations of {PROMPTS} x {GROUP} episodes per arm; "
