@@ -15,7 +15,7 @@ evaluated once at the end on 128 held-out prompts. The arms differ in the collec
   async_s1_faults   async_s1 with rl.async_rollout.fault_rate = FAULT_RATE: a worker call's process exits at
                     random (the actor dies and is replaced; its samples are requeued)
 """
-from rlkit.train.config import base_config
+from rlkit.train.config import base_config, set_dotted
 from rlkit.train.rl_config import rl_defaults
 
 BASE_MODEL = "experiments/base/model"
@@ -64,9 +64,5 @@ def get_config(arg=None):
   a.num_cpus = 1.0
   a.items_per_call = PROMPTS * GROUP       # one call samples a whole step's batch
   for key, value in ARMS[preset].items():
-    node, *rest = key.split(".")
-    if rest:
-      c.rl[node][rest[0]] = value
-    else:
-      c.rl[node] = value
+    set_dotted(c.rl, key, value)
   return c

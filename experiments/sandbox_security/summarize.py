@@ -8,7 +8,6 @@ into ROOT, or into --out (pass --out=experiments/sandbox_security to refresh the
 """
 import argparse
 import collections
-import json
 import os
 import sys
 
@@ -16,6 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from experiments.driver import add_summary_args, write_results  # noqa: E402
+from experiments.sandbox_security.run import read_rows  # noqa: E402
 
 MODES = ("bwrap_root", "bwrap_user", "rlimits_root")
 NOT_ISOLATED_BY_RLIMITS = {"network_connect", "read_host_paths", "write_host_paths"}
@@ -24,15 +24,7 @@ REPS = 3
 
 def load(root: str) -> dict:
   """{key: row}, the last line of each key."""
-  rows = {}
-  path = os.path.join(root, "results.jsonl")
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        if line.strip():
-          row = json.loads(line)
-          rows[row["key"]] = row
-  return rows
+  return {row["key"]: row for row in read_rows(os.path.join(root, "results.jsonl"))}
 
 
 def by_mode(rows: dict) -> dict:

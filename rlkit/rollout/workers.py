@@ -27,7 +27,7 @@ rollout) says exactly which policy wrote what, and a correction can use it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 from rlkit.core.registry import Registry
 
@@ -62,11 +62,10 @@ class WorkItem:
     return WorkItem(**d)
 
 
-class Generator:
+class Generator(Protocol):
   """What a worker runs: `step(items, version, weights) -> items` (see the module docstring)."""
 
-  def step(self, items: list, version: int, weights: Any) -> list:
-    raise NotImplementedError
+  def step(self, items: list, version: int, weights: Any) -> list: ...
 
 
 class CountingGenerator(Generator):
@@ -98,21 +97,17 @@ class CountingGenerator(Generator):
     return items
 
 
-class WorkerHandle:
-  """The driver's view of one worker: start a call, ask whether it answered, read the answer, kill it."""
+class WorkerHandle(Protocol):
+  """The driver's view of one worker: start a call, ask whether it answered, read the answer (raising
+  WorkerCrash if the worker died in the call), kill it."""
 
-  def start(self, items: list, version: int, weights: Any) -> None:
-    raise NotImplementedError
+  def start(self, items: list, version: int, weights: Any) -> None: ...
 
-  def ready(self) -> bool:
-    raise NotImplementedError
+  def ready(self) -> bool: ...
 
-  def result(self) -> list:
-    """The answered items; raises WorkerCrash if the worker died in the call."""
-    raise NotImplementedError
+  def result(self) -> list: ...
 
-  def kill(self) -> None:
-    raise NotImplementedError
+  def kill(self) -> None: ...
 
 
 class Backend(NamedTuple):
