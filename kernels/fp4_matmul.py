@@ -110,8 +110,8 @@ def fp4_matmul(x: Array, w: BlockFP4, *, blocks: FP4MatmulBlocks = FP4MatmulBloc
                      f"[{k}, N] kernel with rlkit.quant.fp4.quantize_blocks.")
   if blocks.bk % block or blocks.bk < block:
     raise ValueError(f"FP4MatmulBlocks.bk={blocks.bk} must be a multiple of the format's block {block}.")
-  bm, bn = min(blocks.bm, _pow2_at_least(m)), min(blocks.bn, _pow2_at_least(n))
-  bk = min(blocks.bk, max(block, _pow2_at_least(k)))          # both powers of two: a multiple of the block
+  # bm and bn stay as given (x and W are padded up to them): Triton's dot needs tiles of at least 16.
+  bm, bn, bk = blocks.bm, blocks.bn, min(blocks.bk, max(block, _pow2_at_least(k)))   # bk: still a multiple
   xp = _pad_to(_pad_to(x, 0, bm), 1, bk)
   codes = _pad_to(_pad_to(w.codes, 0, bk // 2), 1, bn)
   scales = _pad_to(_pad_to(w.scales, 0, bk // block), 1, bn)
