@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from rlkit.models.decode_layout import NK, dot_nk
 from rlkit.models.lora import low_rank_term
-from rlkit.models.matmul import weight_matmul
+from rlkit.models.matmul import QuantizedWeight, weight_matmul
 
 Array = jax.Array
 
@@ -39,6 +39,21 @@ def positions_from_mask(mask: Array) -> Array:
 def compute_dot(eq: str, x: Array, w: Array, dtype) -> Array:
   """Matmul in the compute dtype with float32 accumulation, result in the compute dtype."""
   return weight_matmul(eq, x.astype(dtype), w.astype(dtype)).astype(dtype)
+
+
+def kernel_param(module: nn.Module, name: str, init, shape: tuple, dtype) -> Any:
+  """`module.param(name, init, shape, dtype)` for a matmul kernel, which the sampler's copy may hold as a
+  QuantizedWeight (rlkit/quant): flax checks a param's shape on its first pytree leaf, which for a packed
+  format (FP4: two codes per byte) is not the kernel's shape, so such a weight is checked here by the shape it
+  presents."""
+  if module.has_variable("params", name):
+    value = module.get_variable("params", name)
+    if isinstance(value, QuantizedWeight):
+      if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"quantized kernel {name!r} presents shape {tuple(value.shape)}, the model expects "
+                         f"{tuple(shape)}: the sampler copy was exported from another model config.")
+      return value
+  return module.param(name, init, shape, dtype)
 
 
 # Decode layout (rlkit/models/decode_layout.py): `project` reads a weight's features-major copy when the

@@ -67,6 +67,17 @@ class QuantizedWeight:
     """`einsum(eq, x, self)` with float32 accumulation (the fallback: through the dequantized array)."""
     return _einsum(eq, x, self.dequantize())
 
+  def part_specs(self, spec) -> list:
+    """PartitionSpecs of this weight's parts (in `jax.tree.leaves` order), given the kernel's own `spec`:
+    by default every part takes it (the int8 layout: codes and scales have the kernel's rank)."""
+    return [spec for _ in jax.tree.leaves(self)]
+
+  def ragged_matmul(self, x: Array, group_sizes: Array) -> Array:
+    """`lax.ragged_dot(x, self, group_sizes)` for stacked expert kernels, float32 accumulation (fallback:
+    through the dequantized array)."""
+    return jax.lax.ragged_dot(x, self.dequantize().astype(x.dtype), group_sizes,
+                              preferred_element_type=jnp.float32)
+
 
 def weight_matmul(eq: str, x: Array, w) -> Array:
   """`einsum(eq, x, w)` with float32 accumulation (x, w in the compute dtype); `w` may be a
@@ -79,6 +90,14 @@ def weight_matmul(eq: str, x: Array, w) -> Array:
     _check(eq)
     return w.matmul(eq, x)
   return _dense_matmul(eq, x, w)
+
+
+def expert_matmul(x: Array, w, group_sizes: Array) -> Array:
+  """The MoE experts' grouped matmul, `lax.ragged_dot(x [N, D], w [E, D, F], group_sizes)` in float32; `w` may
+  be a QuantizedWeight (the sampler's copy: its own `ragged_matmul`)."""
+  if isinstance(w, QuantizedWeight):
+    return w.ragged_matmul(x, group_sizes)
+  return jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

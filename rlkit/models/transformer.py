@@ -33,9 +33,9 @@ import jax.numpy as jnp
 
 from rlkit.models.attention import attend, causal_blocks, masked_probs, merge_blocks, query_blocks
 from rlkit.models.decode_layout import NK, dot_nk
-from rlkit.models.layers import (NormScale, RMSNorm, as_dtype, init_weight, positions_from_mask,  # noqa: F401
-                                 project, rope, rope_tables, swiglu)
-from rlkit.models.matmul import weight_matmul
+from rlkit.models.layers import (NormScale, RMSNorm, as_dtype, init_weight, kernel_param,  # noqa: F401
+                                 positions_from_mask, project, rope, rope_tables, swiglu)
+from rlkit.models.matmul import expert_matmul, weight_matmul
 from rlkit.parallel.rules import constrain_batch
 
 Array = jax.Array
@@ -162,7 +162,7 @@ class Attention(nn.Module):
     cfg = self.cfg
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     kvh, g, hd = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
-    w_qkv = self.param("qkv", init_weight, (cfg.hidden_size, kvh, g + 2, hd), pdt)
+    w_qkv = kernel_param(self, "qkv", init_weight, (cfg.hidden_size, kvh, g + 2, hd), pdt)
     # One 2-D matmul over the merged (KV, G + 2, hd) features, like the output projection's. As
     # "btd,dkgh->btkgh", XLA reordered the three axes inside the input-gradient matmul, which copied the
     # weight and the q/k/v gradient (summing its three parts a second time) each step (M train step
@@ -203,7 +203,7 @@ class Attention(nn.Module):
     # The output projection is a plain 2-D matmul over the merged (KV, G, hd) axis, with `out` moved to
     # [B, T, KV*G*hd] (a free reshape when T == 1). As "bktgh,kghd->btd" XLA:CPU transposed the weight to
     # (G, hd, KV) order before every decode step's matmul (0.1 ms per layer on M; the M sampler 1.065x).
-    w_o = self.param("o", init_weight, (kvh, g, hd, cfg.hidden_size), pdt)
+    w_o = kernel_param(self, "o", init_weight, (kvh, g, hd, cfg.hidden_size), pdt)
     return project(self, "o", "btf,fd->btd", "df,btf->btd", out, w_o.reshape(kvh * g * hd, cfg.hidden_size),
                  dt), new_kv
 
@@ -215,8 +215,8 @@ class MLP(nn.Module):
   def __call__(self, x):
     cfg = self.cfg
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
-    w_gu = self.param("gate_up", init_weight, (cfg.hidden_size, 2, cfg.intermediate_size), pdt)
-    w_down = self.param("down", init_weight, (cfg.intermediate_size, cfg.hidden_size), pdt)
+    w_gu = kernel_param(self, "gate_up", init_weight, (cfg.hidden_size, 2, cfg.intermediate_size), pdt)
+    w_down = kernel_param(self, "down", init_weight, (cfg.intermediate_size, cfg.hidden_size), pdt)
     h = swiglu(project(self, "gate_up", "btd,dcf->btcf", "cfd,btd->btcf", x, w_gu, dt))
     return project(self, "down", "btf,fd->btd", "df,btf->btd", h, w_down, dt)
 
@@ -250,8 +250,8 @@ class MoE(nn.Module):
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     e, k, f, d = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hidden_size
     w_router = self.param("router", init_weight, (d, e), pdt)
-    w_gu = self.param("gate_up", init_weight, (e, d, 2 * f), pdt)
-    w_down = self.param("down", init_weight, (e, f, d), pdt)
+    w_gu = kernel_param(self, "gate_up", init_weight, (e, d, 2 * f), pdt)
+    w_down = kernel_param(self, "down", init_weight, (e, f, d), pdt)
     b, t, _ = x.shape
     router_logits = jnp.einsum("btd,de->bte", x.astype(dt), w_router.astype(dt),
                                preferred_element_type=jnp.float32)
@@ -264,10 +264,9 @@ class MoE(nn.Module):
     tok = order // k
     group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
     xs = xf[tok]
-    gu = jax.lax.ragged_dot(xs, w_gu.astype(dt), group_sizes,
-                            preferred_element_type=jnp.float32).astype(dt)
+    gu = expert_matmul(xs, w_gu.astype(dt), group_sizes).astype(dt)
     h = jax.nn.silu(gu[:, :f]) * gu[:, f:]
-    y = jax.lax.ragged_dot(h, w_down.astype(dt), group_sizes, preferred_element_type=jnp.float32)
+    y = expert_matmul(h, w_down.astype(dt), group_sizes)
     y = y * weights.reshape(-1)[order][:, None]
     out = jnp.zeros((b * t, d), jnp.float32).at[tok].add(y)
     return out.reshape(b, t, d).astype(dt), idx
@@ -303,7 +302,7 @@ class Transformer(nn.Module):
     self.layers = [DecoderLayer(cfg, cfg.is_moe_layer(i), name=f"layers_{i}") for i in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg.rms_norm_eps, as_dtype(cfg.dtype), pdt, name="final_norm")
     if not cfg.tie_word_embeddings:
-      self.lm_head = self.param("lm_head", init_weight, (cfg.hidden_size, cfg.vocab_size), pdt)
+      self.lm_head = kernel_param(self, "lm_head", init_weight, (cfg.hidden_size, cfg.vocab_size), pdt)
 
   def __call__(self, tokens: Array, positions: Optional[Array] = None,
                attention_mask: Optional[Array] = None) -> Array:

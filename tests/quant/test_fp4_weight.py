@@ -1,0 +1,124 @@
+"""FP4 sampler copies (rlkit/quant/fp4_weight.py, the mxfp4/nvfp4 quantizers): the matmul hook and the experts'
+grouped matmul equal the dequantized einsum and ragged_dot; the export of a MoE model quantizes what each
+quantizer names; a sampler on the FP4 copy runs; the copy syncs (dense and sparse_delta) with its parts laid out
+on the sampler's mesh."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlkit.models import lora
+from rlkit.models.matmul import expert_matmul, weight_matmul
+from rlkit.models.transformer import Transformer, TransformerConfig, init_params
+from rlkit.parallel.mesh import make_mesh
+from rlkit.parallel.rules import path_str, shard_params
+from rlkit.quant import fp4
+from rlkit.quant.fp4_weight import FP4Weight, quantize_fp4_experts, quantize_fp4_kernel
+from rlkit.rollout.sampler import SamplingConfig, generate
+from rlkit.sync import export_params
+from rlkit.train import weight_sync
+from tests.fast_compile import fast_compile
+
+MOE = TransformerConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=16, mlp_only_layers=(0,))
+FORMS = {  # eq, x shape, kernel shape, its input axes, the view the model multiplies by (transformer.py)
+    "qkv": ("btd,df->btf", (2, 5, 32), (32, 2, 3, 4), 1, lambda w: w.reshape(32, -1)),
+    "o": ("btf,fd->btd", (2, 5, 24), (2, 3, 4, 8), 3, lambda w: w.reshape(24, 8)),
+    "gate_up": ("btd,dcf->btcf", (2, 5, 32), (32, 2, 12), 1, lambda w: w),
+    "lm_head": ("btd,dv->btv", (2, 5, 40), (40, 16), 1, lambda w: w),
+}
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_the_fp4_matmul_hook_equals_the_dequantized_einsum(form, fmt):
+  eq, xs, ws, k, view = FORMS[form]
+  q = quantize_fp4_kernel(jax.random.normal(jax.random.key(0), ws), k, "float32", fmt)
+  w = view(q)
+  assert isinstance(w, FP4Weight)                    # the model's reshapes stay lazy
+  x = jax.random.normal(jax.random.key(1), xs)
+  np.testing.assert_array_equal(np.asarray(w.dequantize()), view(np.asarray(q.dequantize())))
+  dense = jnp.einsum(eq, x, w.dequantize(), preferred_element_type=jnp.float32)
+  np.testing.assert_allclose(jax.jit(lambda x, w: weight_matmul(eq, x, w))(x, w), dense, rtol=1e-5, atol=1e-5)
+  interpreted = w.replace(impl="pallas_interpret")       # the Pallas kernel behind the same hook
+  np.testing.assert_allclose(weight_matmul(eq, x, interpreted), dense, rtol=1e-5, atol=1e-5)
+
+
+def test_the_experts_hook_and_the_dequantized_layout():
+  w = jax.random.normal(jax.random.key(0), (4, 32, 6))
+  q = quantize_fp4_experts(w, "float32", "nvfp4")
+  assert q.fp4.codes.shape == (16, 4, 6) and q.fp4.scales.shape == (2, 4, 6)      # [D/2, E, N], blocks on D
+  deq = np.asarray(q.dequantize())
+  assert deq.shape == (4, 32, 6)
+  for e in range(4):      # each expert within FP4's error of its own kernel (half a step: 1/6 of a block's amax)
+    err = np.abs(deq[e] - np.asarray(w[e])).reshape(2, 16, 6).max(axis=1)
+    assert np.all(err <= np.abs(np.asarray(w[e])).reshape(2, 16, 6).max(axis=1) / 6 * 1.07)
+  x = jax.random.normal(jax.random.key(1), (7, 32))
+  groups = jnp.array([2, 0, 4, 1], jnp.int32)
+  np.testing.assert_allclose(expert_matmul(x, q, groups),
+                             jax.lax.ragged_dot(x, q.dequantize(), groups, preferred_element_type=jnp.float32),
+                             rtol=1e-6, atol=1e-6)
+
+
+@functools.lru_cache(maxsize=1)
+def _params():
+  p = init_params(MOE, jax.random.key(0))
+  return jax.tree.map(lambda x: x * 8.0 if x.ndim >= 2 else x, p)      # logits spanning a few nats
+
+
+def _leaves(tree):
+  is_q = lambda x: isinstance(x, FP4Weight)          # noqa: E731
+  return {path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_q)[0]}
+
+
+@pytest.mark.parametrize("quantizer,dense_too", [("nvfp4", True), ("mxfp4_experts", False)])
+def test_the_export_quantizes_what_the_quantizer_names(quantizer, dense_too):
+  out = _leaves(export_params(_params(), "bfloat16", quantizer))
+  assert isinstance(out["layers_1/moe/gate_up"], FP4Weight) and isinstance(out["layers_1/moe/down"], FP4Weight)
+  assert out["layers_1/moe/router"].dtype == jnp.bfloat16                     # routers stay unquantized
+  assert isinstance(out["layers_0/mlp/gate_up"], FP4Weight) == dense_too
+  assert isinstance(out["layers_1/attn/qkv"], FP4Weight) == dense_too
+  assert out["embedding"].dtype == jnp.bfloat16
+
+
+def test_the_sampler_runs_on_the_fp4_copy():
+  """Teacher-forced log-probs of the FP4 sampler's tokens against float32: larger gaps than the bf16 copy's
+  (FP4 keeps 1 mantissa bit), still finite and bounded on this tiny model."""
+  bf16 = MOE.replace(param_dtype="bfloat16", dtype="bfloat16")
+  prompt = jax.random.randint(jax.random.key(1), (4, 5), 0, MOE.vocab_size)
+  gaps = {}
+  for q in ("bf16", "nvfp4"):
+    ro = generate(Transformer(bf16), export_params(_params(), "bfloat16", q), prompt, jnp.ones_like(prompt, bool),
+                  jax.random.key(7), SamplingConfig(max_new_tokens=6))
+    seq = jnp.concatenate([prompt, ro.response], axis=1)
+    logp = jax.nn.log_softmax(Transformer(MOE).apply({"params": _params()}, seq)[:, 4:-1])
+    gaps[q] = np.abs(np.asarray(jnp.take_along_axis(logp, ro.response[..., None], -1)[..., 0] - ro.logprobs))
+  assert np.all(np.isfinite(gaps["nvfp4"])) and gaps["bf16"].mean() < gaps["nvfp4"].mean() < 5.0
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices: tests/conftest.py")
+def test_the_fp4_copy_syncs_onto_its_mesh():
+  """sparse_delta (the dense backend sends the same leaves: the int8 tests cover both) onto a tensor=2 sampler
+  mesh: bit-exact against a dense reshard, every FP4 part equal to the export of the new master."""
+  mesh = make_mesh({"data": 2, "fsdp": 4})
+  before = shard_params(_params(), mesh)
+  pick = lambda x: (jnp.arange(x.size) % 64 == 0).reshape(x.shape)          # noqa: E731
+  after = jax.tree.map(lambda x: jnp.where(pick(x), x * 1.01 + 1e-3, x), before)
+  section = weight_sync.sampler_sync_defaults()
+  section.update(kind="sparse_delta", quantizer="nvfp4", verify_dense=True, capacity_frac=0.5)
+  section.mesh.tensor = 2
+  with jax.set_mesh(mesh), fast_compile():
+    sync = weight_sync.build(section, before, Transformer(MOE), lora.lora_defaults())
+    copy = weight_sync.start(sync, before)
+    copy, m = weight_sync.update(sync, copy, after)
+  assert m["sync/committed"] == 1.0 and m["sync/bit_exact"] == 1.0
+  experts = _leaves(copy.params)["layers_1/moe/gate_up"]
+  assert isinstance(experts, FP4Weight) and experts.fp4.codes.dtype == jnp.uint8
+  expected = _leaves(export_params(jax.device_get(after), "bfloat16", "nvfp4"))
+  for name, leaf in _leaves(copy.params).items():
+    for a, b in zip(jax.tree.leaves(leaf), jax.tree.leaves(expected[name])):
+      np.testing.assert_array_equal(np.asarray(jax.device_get(a)).reshape(-1).view(np.uint8),
+                                    np.asarray(b).reshape(-1).view(np.uint8))
