@@ -6,7 +6,8 @@ another mesh, with other shardings and another dtype (bf16). One sync:
 
   prepare  (trainer)  e = export(params): floating leaves cast to the sampler dtype (round-to-nearest-even,
                       as `astype`), the matmul kernels in the format of `sync.quantizer`
-                      (rlkit/quant/quantizers.py: none, bf16, int8 or fp8 codes + scales), on the train shardings.
+                      (rlkit/quant/quantizers.py: none, bf16, int8, fp8 or FP4 codes + scales), on the train
+                      shardings.
                       The backend turns e into a Payload (per tensor, a dense copy or a sparse delta, with
                       the checksum of e) and a pending state.
   receive  (sampler)  each tensor routed onto its sampler sharding and applied, then checked: the receiver's
@@ -64,7 +65,9 @@ def sync_defaults() -> ml_collections.ConfigDict:
   c.kind = "dense"           # SYNC_BACKENDS name: dense (every tensor) | sparse_delta (changed bits only)
   c.dtype = "bfloat16"       # sampler copy's dtype for floating leaves (cast as astype, RNE); "" keeps theirs
   c.quantizer = "none"       # QUANTIZERS name, the format of the copy's matmul kernels: none (cast to dtype) |
-  #                            bf16 | int8 | fp8 (weight-only, per-channel scales; rlkit/quant/quantizers.py)
+  #                            bf16 | int8 | fp8 (weight-only, per-channel scales) | mxfp4 | nvfp4 (block-scaled
+  #                            FP4, MoE experts and dense kernels) | mxfp4_experts | nvfp4_experts (experts
+  #                            only); rlkit/quant/quantizers.py
   c.capacity_frac = 0.05     # sparse_delta: a train shard's message holds ceil(frac x shard size) changes;
   #                            a tensor with more goes dense that sync
   c.impl = "auto"            # sparse_delta encode/apply: pallas (kernels/sparse_delta.py: compiled on GPU,
