@@ -19,13 +19,18 @@ import numpy as np
 
 
 SAMPLES_FILE = "samples.jsonl"
-# Wall-clock fields differ between two runs of the same config; everything else must not.
+# Wall-clock fields differ between two runs of the same config; everything else must not. By name: these, and
+# any metric whose last component ends in "_s" (seconds: sync/encode_s, sync/dense_s, ...).
 TIMING_KEYS = ("time", "tokens_per_s", "sample_s", "update_s", "step_s", "gen_tokens_per_s")
+
+
+def is_timing(key: str) -> bool:
+  return key in TIMING_KEYS or key.rsplit("/", 1)[-1].endswith("_s")
 
 
 def without_timings(rows: list[dict]) -> list[dict]:
   """Metric rows minus their wall-clock fields: what two runs of the same config must agree on exactly."""
-  return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+  return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
 
 
 def _jsonable(v: Any) -> Any:
