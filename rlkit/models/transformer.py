@@ -35,7 +35,8 @@ from rlkit.models.attention import attend, causal_blocks, masked_probs, merge_bl
 from rlkit.models.decode_layout import NK, dot_nk
 from rlkit.models.layers import (NormScale, RMSNorm, as_dtype, init_weight, kernel_param,  # noqa: F401
                                  positions_from_mask, project, rope, rope_tables, swiglu)
-from rlkit.models.matmul import expert_matmul, weight_matmul
+from rlkit.models.matmul import weight_matmul
+from rlkit.models.moe import MoE, Routing, route  # noqa: F401 (route: re-exported)
 from rlkit.parallel.rules import constrain_batch
 
 Array = jax.Array
@@ -65,6 +66,7 @@ class TransformerConfig:
   norm_topk_prob: bool = True
   decoder_sparse_step: int = 1
   mlp_only_layers: tuple[int, ...] = ()
+  expert_quant: str = ""          # "", "nvfp4" or "mxfp4": MoE experts on FP4 values (rlkit/models/moe.py, TRACE)
   param_dtype: str = "float32"
   dtype: str = "float32"          # compute dtype of activations and matmul inputs
   # Self-attention over whole sequences (training, scoring): "xla" (`attention.attend`) or "cpu_kernel"
@@ -79,6 +81,8 @@ class TransformerConfig:
       raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts="
                        f"{self.num_experts}] for a MoE model.")
     as_dtype(self.param_dtype), as_dtype(self.dtype)
+    if self.expert_quant not in ("", "nvfp4", "mxfp4"):
+      raise ValueError(f"expert_quant={self.expert_quant!r}: use '' (off), 'nvfp4' or 'mxfp4'.")
     if self.attention not in ATTENTION_IMPLS:
       raise ValueError(f"Unknown attention={self.attention!r}; use one of {list(ATTENTION_IMPLS)}.")
     if self.attention == "cpu_kernel" and self.head_dim % 32:
@@ -129,6 +133,9 @@ class ModelOutput:
   hidden: Array                       # [B, T, D] final-norm hidden states
   cache: Optional[KVCache] = None
   routed_experts: Optional[Array] = None   # [B, T, L_moe, k] int32 (MoE only)
+  routed_weights: Optional[Array] = None   # [B, T, L_moe, k] float32 combine weights (MoE only)
+  router_probs: Optional[Array] = None     # [B, T, L_moe, E] float32 router softmax (MoE only)
+  trace: Optional[dict] = None             # MoE with expert_quant: the TRACE hints, {name: [B, T, L_moe, ...]}
 
 
 def _cached_attention(q: Array, k: Array, v: Array, allowed: Array, cache_kv, dt) -> tuple[Array, tuple]:
@@ -221,75 +228,24 @@ class MLP(nn.Module):
     return project(self, "down", "btf,fd->btd", "df,btf->btd", h, w_down, dt)
 
 
-def route(router_logits: Array, k: int, norm_topk_prob: bool,
-          given: Optional[Array] = None) -> tuple[Array, Array]:
-  """Qwen3-MoE routing: softmax over experts, top-k, optional renormalisation.
-
-  With `given` expert indices (routing replay) the selection is fixed and only the weights are recomputed
-  from the current router, so gradients still reach the router.
-  Returns (weights [..., k] float32, indices [..., k] int32).
-  """
-  probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-  if given is None:
-    weights, idx = jax.lax.top_k(probs, k)
-  else:
-    idx = given.astype(jnp.int32)
-    weights = jnp.take_along_axis(probs, idx, axis=-1)
-  if norm_topk_prob:
-    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-  return weights, idx.astype(jnp.int32)
-
-
-class MoE(nn.Module):
-  """Top-k mixture of SwiGLU experts with stacked weights; dropless grouped matmuls (`ragged_dot`)."""
-  cfg: TransformerConfig
-
-  @nn.compact
-  def __call__(self, x, given_idx=None):
-    cfg = self.cfg
-    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
-    e, k, f, d = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hidden_size
-    w_router = self.param("router", init_weight, (d, e), pdt)
-    w_gu = kernel_param(self, "gate_up", init_weight, (e, d, 2 * f), pdt)
-    w_down = kernel_param(self, "down", init_weight, (e, f, d), pdt)
-    b, t, _ = x.shape
-    router_logits = jnp.einsum("btd,de->bte", x.astype(dt), w_router.astype(dt),
-                               preferred_element_type=jnp.float32)
-    weights, idx = route(router_logits, k, cfg.norm_topk_prob, given_idx)
-
-    # Dispatch: sort the N*k (token, expert) pairs by expert so each expert sees one contiguous group.
-    xf = x.reshape(b * t, d).astype(dt)
-    flat_e = idx.reshape(-1)
-    order = jnp.argsort(flat_e, stable=True)
-    tok = order // k
-    group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
-    xs = xf[tok]
-    gu = expert_matmul(xs, w_gu.astype(dt), group_sizes).astype(dt)
-    h = jax.nn.silu(gu[:, :f]) * gu[:, f:]
-    y = expert_matmul(h, w_down.astype(dt), group_sizes)
-    y = y * weights.reshape(-1)[order][:, None]
-    out = jnp.zeros((b * t, d), jnp.float32).at[tok].add(y)
-    return out.reshape(b, t, d).astype(dt), idx
-
-
 class DecoderLayer(nn.Module):
   cfg: TransformerConfig
   moe: bool
 
   @nn.compact
-  def __call__(self, h, rope_cs, key_mask, q_slots, cache_kv, given_idx, tree_mask=None):
+  def __call__(self, h, rope_cs, key_mask, q_slots, cache_kv, given, tree_mask=None, token_mask=None):
     cfg = self.cfg
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     a, new_kv = Attention(cfg, name="attn")(
         RMSNorm(cfg.rms_norm_eps, dt, pdt, name="attn_norm")(h), rope_cs, key_mask, q_slots, cache_kv, tree_mask)
     h = h + a
     z = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="mlp_norm")(h)
-    idx = None
+    routing = record = None
     if self.moe:
-      m, idx = MoE(cfg, name="moe")(z, given_idx)
+      m, routing, record = MoE(cfg, name="moe")(z, token_mask=token_mask, **given)
     else:
       m = MLP(cfg, name="mlp")(z)
-    return h + m, new_kv, idx
+    return h + m, new_kv, routing, record
 
 
 class Transformer(nn.Module):
@@ -311,7 +267,7 @@ class Transformer(nn.Module):
 
   def forward(self, tokens: Array, positions: Optional[Array] = None, attention_mask: Optional[Array] = None,
               cache: Optional[KVCache] = None, routed_experts: Optional[Array] = None,
-              logits: str = "all", rope_cs: Optional[tuple[Array, Array]] = None,
+              routed_weights: Optional[Array] = None, trace_hints: Optional[dict] = None, logits: str = "all", rope_cs: Optional[tuple[Array, Array]] = None,
               tree_mask: Optional[Array] = None) -> ModelOutput:
     """Full interface.
 
@@ -323,6 +279,9 @@ class Transformer(nn.Module):
       cache: a `KVCache`; the T new tokens are written at slots [cache.index, cache.index + T) and attend
         to every earlier real slot.
       routed_experts: [B, T, L_moe, k] expert indices to replay instead of routing (MoE only).
+      routed_weights: [B, T, L_moe, k] combine weights to replay with them (rlkit/models/moe.py).
+      trace_hints: {trace_x_bits, trace_x_scales, trace_h_bits, trace_h_scales: [B, T, L_moe, ...]}, the
+        rollout's FP4 hints that guide the experts' rounding (`expert_quant`; rlkit/quant/trace.py).
       logits: "all" (LM head at every position), "last" (only the last position, as `[B, 1, V]`: prefill
         needs nothing else) or "none" (hidden states only, e.g. for value heads).
       rope_cs: optional `rope_tables(positions, ...)`, precomputed by a caller that runs many steps (the
@@ -353,20 +312,22 @@ class Transformer(nn.Module):
     h = constrain_batch(jnp.take(self.embedding, tokens, axis=0).astype(dt))
     if rope_cs is None:
       rope_cs = rope_tables(positions, cfg.head_dim, cfg.rope_theta, dt)
-    new_k, new_v, chosen = [], [], []
-    moe_i = 0
+    new_k, new_v, routings, records = [], [], [], []
     for i, layer in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.keys[i], cache.values[i], index)
-      given = None
-      if layer.moe and routed_experts is not None:
-        given = routed_experts[:, :, moe_i]
-      h, kv, idx = layer(h, rope_cs, key_mask, q_slots, cache_kv, given, tree_mask)
+      j = len(routings)
+      given = {}
+      if layer.moe:
+        at = lambda a: None if a is None else a[:, :, j]          # noqa: E731 (this MoE layer's slice)
+        given = dict(given_idx=at(routed_experts), given_weights=at(routed_weights),
+                     hints=None if trace_hints is None else {n: at(a) for n, a in trace_hints.items()})
+      h, kv, routing, record = layer(h, rope_cs, key_mask, q_slots, cache_kv, given, tree_mask, attention_mask)
       h = constrain_batch(h)
       if kv is not None:
         new_k.append(kv[0]), new_v.append(kv[1])
-      if idx is not None:
-        chosen.append(idx.reshape(b, t, -1))
-        moe_i += 1
+      if routing is not None:
+        routings.append(routing)
+        records.append(record)
     h = self.final_norm(h)
     if logits not in ("all", "last", "none"):
       raise ValueError(f"logits={logits!r}; use 'all', 'last' or 'none'.")
@@ -382,8 +343,14 @@ class Transformer(nn.Module):
     new_cache = None
     if cache is not None:
       new_cache = KVCache(tuple(new_k), tuple(new_v), key_mask, index + t)
-    routed = jnp.stack(chosen, axis=2) if chosen else None
-    return ModelOutput(logits=out_logits, hidden=h, cache=new_cache, routed_experts=routed)
+    moe = {}
+    if routings:                                   # [B, T, L_moe, ...]
+      moe = {name: jnp.stack([getattr(r, field) for r in routings], axis=2)
+             for name, field in (("routed_experts", "experts"), ("routed_weights", "weights"),
+                                 ("router_probs", "probs"))}
+    if records and records[0] is not None:
+      moe["trace"] = {n: jnp.stack([r[n] for r in records], axis=2) for n in records[0]}
+    return ModelOutput(logits=out_logits, hidden=h, cache=new_cache, **moe)
 
 
 def init_params(cfg: TransformerConfig, key: Array) -> Any:

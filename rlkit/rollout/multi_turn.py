@@ -163,7 +163,8 @@ def compact_order(mask: np.ndarray) -> np.ndarray:
 
 def rollout_arrays(state: DecodeState, episodes: Episodes, pad_id: int) -> dict[str, np.ndarray]:
   """The response-region arrays of a `Rollout` (host, compacted; module docstring; `pad_id` after each row's
-  end), and `routed_experts` for an MoE state (its prompt slots, then the compacted response columns)."""
+  end), and `routed_experts` / `routed_weights` for an MoE state (its prompt slots, then the compacted response
+  columns)."""
   tokens, logprobs, mask, appended = jax.device_get((state.tokens, state.logprobs, state.mask, state.appended))
   turn_of = episodes.turn_of
   sampled = mask & ~appended
@@ -180,10 +181,10 @@ def rollout_arrays(state: DecodeState, episodes: Episodes, pad_id: int) -> dict[
              turn_ids=np.where(mask_c, take(turn_of), 0).astype(np.int32),
              lengths=mask.sum(axis=1).astype(np.int32), finished=episodes.finished.copy(),
              num_calls=episodes.turns.astype(np.int32))
-  if state.routed is not None:
-    routed = np.asarray(jax.device_get(state.routed))
-    p = state.prompt_len
+  p = state.prompt_len
+  for name, routed in jax.device_get(state.routed or {}).items():
+    routed = np.asarray(routed)
     idx = order.reshape(order.shape + (1,) * (routed.ndim - 2))
-    out["routed_experts"] = np.concatenate([routed[:, :p], np.take_along_axis(routed[:, p:], idx, axis=1)], 1)
+    out[name] = np.concatenate([routed[:, :p], np.take_along_axis(routed[:, p:], idx, axis=1)], 1)
   return out
 

@@ -73,7 +73,10 @@ class DecodeState:
   positions: Array        # [B] int32 position of each row's next token (its number of real tokens)
   done: Array             # [B] bool, the row emitted a stop token (and nothing was appended since)
   key: Array              # PRNG key of the next decode_until call
-  routed: Optional[Array] = None   # [B, P + C, L_moe, k] int32 experts of every cached token (MoE only)
+  # MoE only: the routing of every cached token, {"routed_experts": [B, P + C, L_moe, k] int32,
+  # "routed_weights": the same shape, float32 combine weights, and with expert_quant the TRACE hints
+  # (rlkit/models/moe.py)}: the rollout's extras of those names.
+  routed: Optional[dict] = None
 
   @property
   def capacity(self) -> int:
@@ -107,6 +110,18 @@ def decode_layout_params(model: Transformer, params: Any) -> Any:
   return jax.jit(with_decode_layout, static_argnums=1)(params, model.cfg)
 
 
+def routing_of(out) -> dict:
+  """The routing record of a model output (MoE): the extras names and their [B, T, L_moe, ...] arrays (the
+  experts and combine weights, and with `expert_quant` the TRACE hints)."""
+  return {"routed_experts": out.routed_experts, "routed_weights": out.routed_weights, **(out.trace or {})}
+
+
+def record_routing(buffers: dict, out, column) -> dict:
+  """`buffers` with the routing of `out`'s T tokens written at columns [column, column + T)."""
+  return jax.tree.map(lambda buf, x: jax.lax.dynamic_update_slice(buf, x, (0, column) + (0,) * (x.ndim - 2)),
+                      buffers, routing_of(out))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks, unjitted: `generate` fuses prefill_state and decode_steps into one jitted program, and a
 # collector may fuse them into its own.
@@ -121,8 +136,8 @@ def prefill_state(model: Transformer, variables, prompt: Array, prompt_mask: Arr
   out = model.apply(variables, prompt, positions, prompt_mask, cache, logits="last", method=Transformer.forward)
   routed = None
   if out.routed_experts is not None:
-    routed = jnp.zeros((b, p + capacity) + out.routed_experts.shape[2:], jnp.int32)
-    routed = jax.lax.dynamic_update_slice(routed, out.routed_experts, (0, 0, 0, 0))
+    routed = record_routing(jax.tree.map(lambda x: jnp.zeros((b, p + capacity) + x.shape[2:], x.dtype),
+                                         routing_of(out)), out, 0)
   return DecodeState(
       cache=out.cache, tokens=jnp.full((b, capacity), pad_id, jnp.int32),
       logprobs=jnp.zeros((b, capacity), jnp.float32), mask=jnp.zeros((b, capacity), bool),
@@ -200,7 +215,7 @@ def decode_steps(model: Transformer, variables, s: DecodeState, cfg: SamplingCon
                     method=Transformer.forward)
     c = dict(c, cache=o.cache)
     if moe:
-      c["routed"] = jax.lax.dynamic_update_slice(c["routed"], o.routed_experts, (0, p + start + j, 0, 0))
+      c["routed"] = record_routing(c["routed"], o, p + start + j)
     return c, o.logits[:, -1]
 
   # Each iteration feeds the token drawn last and draws the next. Drawing at the end of the body keeps the
@@ -240,7 +255,7 @@ def append_tokens(model: Transformer, variables, s: DecodeState, tokens: Array, 
   old = jax.lax.dynamic_slice(s.tokens, (0, start), (b, k))
   routed = s.routed
   if routed is not None:
-    routed = jax.lax.dynamic_update_slice(routed, out.routed_experts, (0, s.prompt_len + start, 0, 0))
+    routed = record_routing(routed, out, s.prompt_len + start)
   return s.replace(
       cache=out.cache, tokens=put(s.tokens, jnp.where(mask, tokens, old)),
       logprobs=put(s.logprobs, jnp.zeros((b, k), jnp.float32)), mask=put(s.mask, mask),
@@ -252,7 +267,7 @@ def to_rollout(s: DecodeState, prompt: Array, prompt_mask: Array, group_ids: Arr
   """The `Rollout` of a state: its buffer is the response region, attended where `s.mask`, trained where
   `s.sampled_mask` (appended tokens are `observation` segments with log-prob 0); MoE routing in extras.
   Turn ids and call counts are the collector's to set (the state does not know what a turn is)."""
-  extras = {} if s.routed is None else {"routed_experts": s.routed}
+  extras = dict(s.routed or {})
   segments = jnp.where(s.appended, SEGMENT_KINDS["observation"],
                        jnp.where(s.mask, SEGMENT_KINDS["policy"], SEGMENT_KINDS["pad"])).astype(jnp.int32)
   return Rollout(prompt=prompt, prompt_mask=prompt_mask, response=s.tokens, response_mask=s.mask,

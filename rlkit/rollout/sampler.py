@@ -55,7 +55,8 @@ def generate(model: Transformer, params: Any, prompt: Array, prompt_mask: Array,
       distribution. key_i = fold_in(fold_in(key, NOISE_STREAM), i): the uniforms above are those of the
       unperturbed run, and None leaves the decode loop as it is.
   Returns:
-    A `Rollout`; for MoE models `extras["routed_experts"]` is [B, P+R, L_moe, k].
+    A `Rollout`; for MoE models `extras["routed_experts"]` is [B, P+R, L_moe, k] (the chosen experts) and
+    `extras["routed_weights"]` their combine weights (float32).
   """
   if prompt.ndim != 2 or prompt.shape != prompt_mask.shape:
     raise ValueError(f"prompt {prompt.shape} and prompt_mask {prompt_mask.shape} must both be [B, P].")

@@ -33,6 +33,12 @@ def model_defaults() -> ml_collections.ConfigDict:
   c.num_experts = 0             # >0: Qwen3-MoE layers with this many experts
   c.num_experts_per_tok = 0     # top-k experts per token (MoE)
   c.moe_intermediate_size = 0   # expert SwiGLU width (MoE)
+  c.upcycle_experts = 0         # >0: the dense model's MLPs become this many experts (rlkit/models/upcycle.py)
+  c.upcycle_k = 2               # top-k of the upcycled MoE
+  c.upcycle_noise = 0.0         # experts perturbed by this x N(0, 1) x each kernel's RMS (0: exact copies)
+  c.expert_quant = ""           # MoE experts on FP4 values: "" | nvfp4 | mxfp4 (weights and activations fake-
+                                # quantized in training, activations in the sampler; rl.moe.trace; a loaded
+                                # model takes it too)
   c.param_dtype = "float32"     # parameter (master weight) dtype
   c.dtype = "float32"           # compute dtype: float32 | bfloat16
   c.attention = "xla"           # training/scoring attention: xla | cpu_kernel (C++ kernel for XLA:CPU, g++)

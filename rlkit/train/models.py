@@ -45,6 +45,7 @@ from absl import logging as absl_logging
 from rlkit.models.lora import add_adapters, has_adapters, merge, trainable_mask, with_saved_adapters
 from rlkit.models.tokenizer import Tokenizer, make_tokenizer
 from rlkit.models.transformer import Transformer, TransformerConfig
+from rlkit.models.upcycle import upcycle
 from rlkit.parallel.rules import param_shardings, shard_params, sharded_init
 from rlkit.train import checkpoint as ckpt
 from rlkit.train.config import model_defaults
@@ -102,7 +103,8 @@ def transformer_config(section, vocab_size: int) -> TransformerConfig:
       head_dim=section.head_dim, rope_theta=section.rope_theta, rms_norm_eps=section.rms_norm_eps,
       tie_word_embeddings=section.tie_word_embeddings, num_experts=section.num_experts,
       num_experts_per_tok=section.num_experts_per_tok, moe_intermediate_size=section.moe_intermediate_size,
-      param_dtype=section.param_dtype, dtype=section.dtype, attention=section.attention)
+      param_dtype=section.param_dtype, dtype=section.dtype, attention=section.attention,
+      expert_quant=section.get("expert_quant", ""))
 
 
 def model_spec(cfg: TransformerConfig, tokenizer: Mapping[str, str]) -> dict:
@@ -313,9 +315,20 @@ def _build(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_
 
 
 def _build_base(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_own: bool):
+  module, params, own, source = _build_source(section, tokenizer, key, mesh, where, use_own)
+  if section.get("upcycle_experts", 0):
+    cfg, params = upcycle(module.cfg, jax.device_get(params), section.upcycle_experts, section.upcycle_k,
+                          jax.random.fold_in(key, 0x0C7C1E), section.upcycle_noise)
+    module, params = Transformer(cfg), params if mesh is None else shard_params(params, mesh)
+  return module, params, own, source
+
+
+def _build_source(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: str, use_own: bool):
   if section.path:
     module, params, own, source = _load(section.path, section.dtype, section.param_dtype, section.attention,
                                         mesh)
+    if section.get("expert_quant", ""):
+      module = Transformer(module.cfg.replace(expert_quant=section.expert_quant))
     user = (own if use_own else None) or tokenizer
     if module.cfg.vocab_size < user.vocab_size:
       raise ValueError(f"{where}.path={section.path!r} has vocab_size={module.cfg.vocab_size}, smaller than "

@@ -147,7 +147,7 @@ def make_collector(cfg, cenv) -> Any:
     state, episodes = run_episodes(model, params, state, sampling, env, states, convs, runner.map, tok, renderer,
                                    budget, stop, perturb)
     arrays = rollout_arrays(state, episodes, sampling.pad_id)
-    extras = {"routed_experts": jnp.asarray(arrays.pop("routed_experts"))} if "routed_experts" in arrays else {}
+    extras = {name: jnp.asarray(arrays.pop(name)) for name in list(arrays) if name.startswith(("routed_", "trace_"))}
     arrays = put_batch(arrays)
     rollout = Rollout(prompt=dev["prompt"], prompt_mask=dev["mask"], group_ids=dev["group_ids"], extras=extras,
                       **arrays)

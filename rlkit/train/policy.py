@@ -18,7 +18,9 @@ row, derived from that key, the optimizer step and the row's index in the full b
 
 `aux` holds what other parts read: `logits` [N, R, V] (the token decoder's raw logits: the entropy term, the
 distillation divergences and the logged `entropy`), or `entropy` [N, R] (a policy's own per-step entropy,
-logged as `entropy`). A policy without logits says so (`has_logits=False`), and a loss term that reads the
+logged as `entropy`); `loss`, a scalar mean over the slice's rows the update adds to its loss, and `metrics`
+{name: scalar mean over the slice's rows} it logs (both weighted by the slice's share of the batch: an MoE
+decoder's load-balancing loss and load statistics). A policy without logits says so (`has_logits=False`), and a loss term that reads the
 logits argument is refused when the loss is built (`check_terms`), naming the term and the policy.
 `probe_logits(params, batch) -> [N, R, V]` is the sampled distribution's logits that predicted-KL control
 (`optimizer.kl_target`) measures the update on; a policy without one cannot use KL control.
@@ -30,13 +32,15 @@ import inspect
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
+import jax.numpy as jnp
 
 from rlkit.core.errors import ConfigError
 from rlkit.core.registry import Registry
 from rlkit.core.types import TrainBatch
 from rlkit.models.transformer import Transformer
 from rlkit.rollout.sampler import SamplingConfig
-from rlkit.rollout.scoring import processed_token_logprobs, response_forward
+from rlkit.models.moe import Routing, flip_rate, load_balancing_loss, load_stats
+from rlkit.rollout.scoring import processed_token_logprobs, replayed, response_forward
 
 Array = jax.Array
 
@@ -56,24 +60,56 @@ POLICIES: Registry[Callable[..., PolicyAdapter]] = Registry("policy")
 
 
 @POLICIES.register("llm")
-def llm_policy(model: Transformer, cfg, sampling: SamplingConfig, replay_routing: bool = False) -> PolicyAdapter:
+def llm_policy(model: Transformer, cfg, sampling: SamplingConfig, replay_routing=False) -> PolicyAdapter:
   """The Transformer decoder: log-probs of the response tokens under the sampler's processed distribution
-  (temperature, top-k, top-p), the raw logits in aux; KL control probes softmax(z / T). `cfg` (the RL stage
-  section) is taken for the factories' common signature: the decoder reads all it needs from `sampling`."""
-  del cfg
+  (temperature, top-k, top-p), the raw logits in aux; KL control probes softmax(z / T). `replay_routing`:
+  what of the rollout's MoE record to reuse (rlkit/rollout/scoring.py's `replay`). An MoE decoder also reports
+  its routing (`moe_stats`) and adds `rl.moe.aux_loss_coef` times its load-balancing loss."""
+  aux_coef = float(cfg.get("moe", {}).get("aux_loss_coef", 0.0)) if cfg is not None else 0.0
 
-  def logits_of(params, mb: TrainBatch) -> Array:
-    routed = mb.extras.get("routed_experts") if replay_routing else None
-    logits, _ = response_forward(model, params, mb.tokens, mb.attention_mask, mb.response_len, routed)
-    return logits
+  def output_of(params, mb: TrainBatch):
+    return response_forward(model, params, mb.tokens, mb.attention_mask, mb.response_len,
+                            **replayed(mb, replay_routing))
 
   def forward(params, mb: TrainBatch, keys):
     del keys                                  # deterministic: the sampled tokens fix the log-probs
-    logits = logits_of(params, mb)
-    return processed_token_logprobs(logits, mb.response, sampling), {"logits": logits}
+    logits, out = output_of(params, mb)
+    aux = {"logits": logits}
+    if out.routed_experts is not None:
+      aux.update(moe_stats(out, mb, aux_coef))
+    return processed_token_logprobs(logits, mb.response, sampling), aux
 
   return PolicyAdapter("llm", forward, has_logits=True,
-                       probe_logits=lambda params, mb: logits_of(params, mb) / sampling.temperature)
+                       probe_logits=lambda params, mb: output_of(params, mb)[0] / sampling.temperature)
+
+
+def moe_stats(out, mb: TrainBatch, aux_coef: float) -> dict:
+  """An MoE forward's aux (module docstring): `loss` = aux_coef x the load-balancing loss over the attended
+  tokens, and `metrics` moe/{aux_loss, load_cv, peak_load, cold_fraction} plus moe/flip_rate, the share of
+  (token, layer) pairs whose chosen experts differ from the sampler's (`extras["routed_experts"]`, when the
+  rollout recorded them; 0 under routing replay). rlkit/models/moe.py defines each."""
+  mask = mb.attention_mask[..., None]                    # [N, P+R, 1]: every MoE layer
+  lb = load_balancing_loss(Routing(out.routed_experts, out.routed_weights, out.router_probs), mask)
+  metrics = {"moe/aux_loss": lb, **{f"moe/{k}": v for k, v in load_stats(out.routed_experts,
+                                                                           out.router_probs.shape[-1], mask).items()}}
+  if "routed_experts" in mb.extras:
+    metrics["moe/flip_rate"] = flip_rate(out.routed_experts, mb.extras["routed_experts"], mask)
+  if out.trace is not None and "trace_x_bits" in mb.extras:    # the trainer's FP4 codes vs the rollout's
+    metrics["moe/codeword_mismatch"] = trace_mismatch(out.trace, mb.extras, mask)
+  return {"loss": aux_coef * lb, "metrics": metrics}
+
+
+def trace_mismatch(train: dict, rollout: dict, mask: Array) -> Array:
+  """The fraction of the MoE experts' FP4 values (inputs and down-projection inputs, every MoE layer, attended
+  tokens) whose code's LSB differs between the trainer's forward and the rollout's record: the adjacent-code
+  disagreements (rlkit/quant/trace.py)."""
+  total = count = 0.0
+  for point in ("x", "h"):
+    ours, theirs = train[f"trace_{point}_bits"], rollout[f"trace_{point}_bits"]
+    m = mask.reshape(mask.shape + (1,) * (ours.ndim - mask.ndim))
+    differ = (ours != theirs) & m
+    total, count = total + differ.sum(), count + jnp.broadcast_to(m, ours.shape).sum()
+  return total / jnp.maximum(count, 1)
 
 
 def reads_argument(fn: Callable, index: int) -> Optional[bool]:

@@ -70,6 +70,12 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.augment = "none"            # rows added to each group (registry AUGMENTERS): none | demonstration | onepo
   c.surrogate_rows = ("policy", "teacher", "peer")   # row sources the clipped surrogate trains on
   c.replay_routing = False      # MoE: the trainer reuses the sampler's expert choices (scoring and update)
+  c.moe = ml_collections.ConfigDict()   # MoE stability (rlkit/models/moe.py; metrics moe/* every step)
+  c.moe.replay_weights = False  # replay the sampler's experts and their combine weights (implies
+                                # replay_routing; the router then learns only through the auxiliary loss)
+  c.moe.aux_loss_coef = 0.0     # weight of the load-balancing loss (HF/Switch form; k at perfect balance)
+  c.moe.trace = False           # model.expert_quant: round the experts' FP4 values as the rollout did (TRACE,
+                                # rlkit/quant/trace.py); False: round to nearest (plain QAT)
   c.score_roles = ()            # models (config.models roles) whose log-probs of the responses the loss terms
                                 # read, as TrainBatch.extras["<role>_logp"] (e.g. a teacher for distillation)
   c.overlong_cache = 0          # DAPO soft overlong penalty over the last N tokens of the budget (0: off)
@@ -78,5 +84,4 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.max_skipped_updates = 10    # stop after this many update steps in a row with a non-finite loss/grad (0: never)
   c.optimizer = optimizer_defaults()
   return add_sections(c)
-
 

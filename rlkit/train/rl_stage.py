@@ -37,6 +37,7 @@ from rlkit.parallel.hosts import host_rows, process_sum
 from rlkit.rewards import REWARDS, VerifierExecutor, check_reward_kwargs, concat_outputs, take
 from rlkit.rollout.mismatch import from_config as mismatch_from_config
 from rlkit.rollout.mismatch import sampling_model
+from rlkit.rollout.scoring import replay_mode
 from rlkit.train.rl_config import rl_defaults
 from rlkit.train import onepo  # noqa: F401  (registers the onepo augmenter, estimator and loss term)
 from rlkit.train.phases.advantages import with_advantages
@@ -91,7 +92,7 @@ class Learner:
     tok = ctx.tokenizer
     tx = make_optimizer(cfg.optimizer, _total_updates(cfg))
     self.sampling = sampling_config(cfg, tok)
-    self.step_fn = make_rl_step(self.model, tx, cfg, self.sampling, cfg.micro_batches, cfg.replay_routing,
+    self.step_fn = make_rl_step(self.model, tx, cfg, self.sampling, cfg.micro_batches, replay_mode(cfg),
                                 gradient_path(cfg.optimizer))
     self.step_inputs = default_step_inputs(cfg)
     self.scorers = build_scorers(ScoreEnv(ctx, cfg, self.sampling, self.model, "ref_params" in state))

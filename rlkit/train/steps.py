@@ -314,6 +314,11 @@ def make_policy_loss(policy: PolicyAdapter, cfg):
         metrics["entropy"] = token_mean(aux["entropy"], mb.loss_mask, step_inputs)
     loss = aggregate(per_tok, mb.loss_mask, cfg.aggregation, num_tokens_global=step_inputs["num_tokens"],
                      num_seqs_global=step_inputs["num_seqs"], max_len=max_len)
+    # The policy's own terms (e.g. an MoE's load-balancing loss) and statistics: means over this slice's rows,
+    # weighted by its share of the batch's sequences so that micro-batches add up to the batch's mean.
+    share = mb.loss_mask.any(axis=-1).sum() / jnp.maximum(step_inputs["num_seqs"], 1)
+    loss = loss + share * aux.get("loss", 0.0)
+    metrics.update({name: Metric(share * value) for name, value in aux.get("metrics", {}).items()})
     return loss, metrics
   return loss_fn
 

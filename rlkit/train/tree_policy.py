@@ -80,7 +80,7 @@ def check(section, name: str) -> None:
 @POLICIES.register("llm_tree")
 def llm_tree_policy(model: Transformer, cfg, sampling: SamplingConfig, replay_routing: bool = False) -> PolicyAdapter:
   """`llm` with each group's prompt computed once (module docstring)."""
-  check(dict(cfg, replay_routing=replay_routing), "rl")
+  check(dict(cfg, replay_routing=bool(replay_routing)), "rl")
   group_size = int(cfg.group_size)
 
   def logits_of(params, mb: TrainBatch) -> Array:

@@ -69,22 +69,28 @@ def test_kv_cache_decode_equals_full_forward_at_every_step(cfg):
 
 def test_route_matches_definition_and_renormalises():
   logits = jnp.array([[2.0, 1.0, 0.5, -1.0]])
-  w, idx = route(logits, 2, norm_topk_prob=False)
+  r = route(logits, 2, norm_topk_prob=False)
+  w, idx = r.weights, r.experts
   p = jax.nn.softmax(logits)
+  np.testing.assert_allclose(r.probs, p, rtol=1e-6)
   np.testing.assert_array_equal(idx, [[0, 1]])
   np.testing.assert_allclose(w, p[:, :2], rtol=1e-6)
-  w_norm, _ = route(logits, 2, norm_topk_prob=True)
+  w_norm = route(logits, 2, norm_topk_prob=True).weights
   np.testing.assert_allclose(w_norm.sum(-1), 1.0, rtol=1e-6)
   # Replay fixes the selection but recomputes the weights from the current router.
-  w_given, idx_given = route(logits, 2, norm_topk_prob=False, given=jnp.array([[3, 2]]))
-  np.testing.assert_array_equal(idx_given, [[3, 2]])
-  np.testing.assert_allclose(w_given, p[:, [3, 2]], rtol=1e-6)
+  given = route(logits, 2, norm_topk_prob=False, given=jnp.array([[3, 2]]))
+  np.testing.assert_array_equal(given.experts, [[3, 2]])
+  np.testing.assert_allclose(given.weights, p[:, [3, 2]], rtol=1e-6)
+  # Weight replay fixes the combine weights as well.
+  fixed = route(logits, 2, norm_topk_prob=False, given=jnp.array([[3, 2]]), given_weights=jnp.array([[0.7, 0.3]]))
+  np.testing.assert_array_equal(fixed.weights, np.float32([[0.7, 0.3]]))
 
 
 def _dense_moe_reference(params, cfg, x):
   """Every expert on every token, combined with the routing weights: the definition of the MoE layer."""
   logits = x @ params["router"]
-  w, idx = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+  r = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+  w, idx = r.weights, r.experts
   f = cfg.moe_intermediate_size
   out = jnp.zeros_like(x)
   for e in range(cfg.num_experts):
@@ -100,7 +106,7 @@ def test_grouped_moe_equals_dense_definition():
   x = jax.random.normal(jax.random.key(3), (2, 5, MOE.hidden_size))
   layer = MoE(MOE)
   variables = layer.init(jax.random.key(4), x)
-  out, _ = jax.jit(layer.apply)(variables, x)
+  out, _, _ = jax.jit(layer.apply)(variables, x)
   np.testing.assert_allclose(out, _dense_moe_reference(variables["params"], MOE, x), atol=1e-5)
 
 

@@ -162,7 +162,8 @@ def _make_digits_reward(task, executor):
 
 def _moe_config():
   """The main job's test preset on a 1-layer MoE (4 experts, top 2): 2 SFT then 2 RL steps, every step
-  checkpointed, the router frozen in both stages."""
+  checkpointed, the router frozen in both stages; RL samples from an FP4 copy of the experts, replays the
+  sampler's experts, combine weights and FP4 rounding (TRACE), and adds the load-balancing loss."""
   c = get_config("test")
   c.model.update(num_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
   c.data.num_train, c.data.num_test = 64, 0        # no held-out split: no evaluation to compile
@@ -170,6 +171,9 @@ def _moe_config():
   c.rl.steps, c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 2, 4, 2, 3
   c.rl.optimizer.lr = 1e-2
   c.rl.reward.name, c.rl.reward.timeout_s = "test_frozen_digits", 0.0     # inline: no worker process
+  c.rl.replay_routing, c.rl.moe.replay_weights, c.rl.moe.aux_loss_coef = True, True, 0.01   # MoE stability
+  c.model.expert_quant, c.rl.moe.trace = "nvfp4", True                     # FP4 experts, TRACE rounding
+  c.rl.sync.kind, c.rl.sync.quantizer = "dense", "nvfp4_experts"            # sampled from an FP4 copy
   for stage in ("sft", "rl"):
     c[stage].optimizer.frozen = "moe/router$"
     c[stage].optimizer.weight_decay = 0.1          # it would move the router, were the router in the optimizer
@@ -208,6 +212,11 @@ def test_a_frozen_router_stays_bit_identical_through_sft_rl_and_a_resume(tmp_pat
   resumed = read_metrics(str(tmp_path / "cut" / "metrics.jsonl"))
   assert without_timings(resumed) == without_timings(reference)
   assert all(r["grad_norm"] > 0 for r in reference if "grad_norm" in r)
+  rl_rows = [r for r in reference if r["stage"] == "rl" and "grad_norm" in r]
+  assert rl_rows and all(r["moe/flip_rate"] == 0.0 for r in rl_rows)          # experts and weights replayed
+  assert all(r["moe/aux_loss"] > 0 and r["moe/load_cv"] >= 0 and r["moe/peak_load"] >= 1
+             and 0 <= r["moe/cold_fraction"] <= 1 for r in rl_rows)
+  assert all(r["moe/codeword_mismatch"] < 0.01 for r in rl_rows)   # the trainer rounds as the FP4 rollout did
   start = initial[0]
   router = start["layers_0"]["moe"]["router"]
   for workdir, steps in saved.items():

@@ -58,13 +58,14 @@ def test_prefill_then_decode_until_is_generate_bit_for_bit(models, name, cfg, no
   out = to_rollout(state, prompt, mask, ref.group_ids)
   for field in ("response", "logprobs", "response_mask", "lengths", "finished"):
     np.testing.assert_array_equal(getattr(out, field), getattr(ref, field), err_msg=field)
-  assert set(out.extras) == set(ref.extras) == ({"routed_experts"} if name == "moe" else set())
+  assert set(out.extras) == set(ref.extras) == ({"routed_experts", "routed_weights"} if name == "moe" else set())
   assert not state.appended.any()
   np.testing.assert_array_equal(out.loss_mask, ref.response_mask)     # single-turn: trained = attended
   if cfg.stop_ids and not cfg.greedy:     # the case has teeth: some rows stop, some run to the budget
     assert ref.finished.any() and not ref.finished.all()
   if name == "moe":
-    np.testing.assert_array_equal(out.extras["routed_experts"], ref.extras["routed_experts"])
+    for extra in ("routed_experts", "routed_weights"):
+      np.testing.assert_array_equal(out.extras[extra], ref.extras[extra])
     # Resuming changes nothing: greedy decoding split in two calls (the last token fed after the first
     # loop, the second call drawing from the state's logits) gives the same tokens and routing as one.
     split = prefill(model, params, prompt, mask, key, cfg.max_new_tokens, cfg.pad_id)
@@ -73,7 +74,8 @@ def test_prefill_then_decode_until_is_generate_bit_for_bit(models, name, cfg, no
     np.testing.assert_array_equal(split.tokens, ref.response)
     np.testing.assert_allclose(split.logprobs, ref.logprobs, atol=1e-6)
     real = np.asarray(ref.attention_mask)      # (a finished row's masked pad steps route as they fall)
-    np.testing.assert_array_equal(np.asarray(split.routed)[real], np.asarray(ref.extras["routed_experts"])[real])
+    np.testing.assert_array_equal(np.asarray(split.routed["routed_experts"])[real],
+                                  np.asarray(ref.extras["routed_experts"])[real])
 
 
 @pytest.mark.parametrize("name", ["dense", "moe"])
@@ -125,7 +127,7 @@ def test_append_then_decode_equals_reencoding_the_whole_context(models, name):
   assert (np.asarray(state.logprobs)[~sampled] == 0).all()
   np.testing.assert_allclose(np.asarray(state.logits)[live], next_logits[live], atol=1e-5)
   if name == "moe":   # routing of prompt, sampled and appended tokens: that of the full forward
-    same = np.sort(np.asarray(state.routed), -1) == np.sort(np.asarray(full.routed_experts), -1)
+    same = np.sort(np.asarray(state.routed["routed_experts"]), -1) == np.sort(np.asarray(full.routed_experts), -1)
     assert same.all(axis=(-1, -2))[np.asarray(attn)].all()
 
 

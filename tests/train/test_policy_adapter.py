@@ -256,3 +256,35 @@ def test_rl_policy_selects_the_adapter_the_step_differentiates():
   c.rl.policy = "test_sharpend"
   with pytest.raises(ConfigError, match=r"rl.policy='test_sharpend'.*test_sharpened"):
     validate(c)
+
+
+def test_the_moe_aux_loss_enters_the_update():
+  """An MoE decoder's llm adapter: `rl.moe.aux_loss_coef` x the load-balancing loss joins the loss, moves the
+  router's gradient, and the load statistics are logged. Micro-batches weigh each slice's value by its share;
+  the balance loss, a product of two means over tokens, is then close to (not equal to) the whole batch's."""
+  cfg = TransformerConfig(vocab_size=16, hidden_size=16, intermediate_size=24, num_layers=1, num_heads=2,
+                          num_kv_heads=1, head_dim=8, rope_theta=10_000.0, num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=8)
+  model, sampling = Transformer(cfg), SamplingConfig(max_new_tokens=3)
+  rng = np.random.default_rng(0)
+  n = 4
+  logp = jnp.asarray(-rng.uniform(1, 3, (n, 3)), jnp.float32)
+  b = TrainBatch(tokens=jnp.asarray(rng.integers(1, 16, (n, 5)), jnp.int32), attention_mask=jnp.ones((n, 5), bool),
+                 loss_mask=jnp.ones((n, 3), bool), old_logp=logp, rollout_logp=logp,
+                 advantages=jnp.asarray(rng.normal(size=(n, 3)), jnp.float32), token_weights=jnp.ones((n, 3)),
+                 group_ids=jnp.zeros(n, jnp.int32), row_source=jnp.zeros(n, jnp.int32))
+  params = init_params(cfg, jax.random.key(0))
+  out = {}
+  for coef in (0.0, 0.5):
+    c = _cfg(max_new_tokens=3)
+    c.moe.aux_loss_coef = coef
+    loss_fn = make_policy_loss(POLICIES.get("llm")(model, c, sampling), c)
+    inputs = dict(default_step_inputs(c), num_tokens=jnp.asarray(n * 3), num_seqs=jnp.asarray(n))
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, b, inputs)
+    halves = [loss_fn(params, jax.tree.map(lambda x: x[i:i + 2], b), inputs)[0] for i in (0, 2)]
+    np.testing.assert_allclose(float(sum(halves)), float(loss), rtol=1e-5 if coef == 0 else 0.02)
+    out[coef] = (float(loss), metrics, grads["layers_0"]["moe"]["router"])
+  lb = float(out[0.0][1]["moe/aux_loss"].value)
+  assert lb > 0 and {"moe/load_cv", "moe/peak_load", "moe/cold_fraction"} <= set(out[0.0][1])
+  np.testing.assert_allclose(out[0.5][0] - out[0.0][0], 0.5 * lb, rtol=1e-4)
+  assert not np.allclose(out[0.5][2], out[0.0][2])

@@ -502,8 +502,11 @@ COVERED_ELSEWHERE = {
     "max_skipped_updates": "test_max_skipped_updates_stops_the_stage",
     "reward.call_timeout_s": "test_stage_builds_the_executor_with_both_time_limits; the cap itself: "
                              "tests/rewards/test_executor.py::test_call_timeout_caps_a_call",
-    "replay_routing": "test_stage_passes_replay_routing_to_the_scorer_and_the_step, and its effect on an MoE "
-                      "model: tests/train/test_phases.py::test_routing_replay_*",
+    **{k: "test_stage_passes_replay_routing_to_the_scorer_and_the_step, and its effect on an MoE model: "
+          "tests/train/test_phases.py::test_routing_replay_*, tests/models/test_moe.py (weights), "
+          "tests/optim/test_frozen.py (an RL run replaying experts, weights and FP4 rounding)"
+       for k in ("replay_routing", "moe.replay_weights", "moe.trace")},
+    "moe.aux_loss_coef": "tests/train/test_policy_adapter.py::test_the_moe_aux_loss_enters_the_update",
     **{f"optimizer.{k}": "test_every_optimizer_field_changes_the_updates" for k in optimizer_defaults()
        if k not in ("lr", "name") and k not in LOW_RANK_FIELDS},
     **{f"optimizer.{k}": "tests/optim/test_logra_training.py::test_every_logra_field_changes_the_updates"
@@ -779,9 +782,12 @@ class _Built(Exception):
 
 
 def test_stage_passes_replay_routing_to_the_scorer_and_the_step():
-  """The stage builds its update step and its policy scorer with `rl.replay_routing` (what they do with it on
-  an MoE model: tests/train/test_phases.py). Checked at build time; the run stops before sampling."""
-  for replay in (True, False):
+  """The stage builds its update step and its policy scorer with what `rl.replay_routing`, `rl.moe.replay_weights`
+  and `rl.moe.trace` ask to replay (what they do with it on an MoE model: tests/train/test_phases.py,
+  tests/models/test_moe.py). Checked at build time; the run stops before sampling."""
+  for fields, replay in (({"replay_routing": True}, ("experts",)), ({"replay_routing": False}, ()),
+                         ({"moe": {"replay_weights": True}}, ("experts", "weights")),
+                         ({"moe": {"trace": True}}, ("trace",))):
     seen = {}
 
     def spy_step(make):
@@ -797,8 +803,7 @@ def test_stage_passes_replay_routing_to_the_scorer_and_the_step():
       return wrapped
 
     with pytest.raises(_Built):
-      run_stage({"replay_routing": replay}, patches=[(rl_stage, "make_rl_step", spy_step),
-                                                     (score_phase, "make_scorer", spy_scorer)])
+      run_stage(fields, patches=[(rl_stage, "make_rl_step", spy_step), (score_phase, "make_scorer", spy_scorer)])
     assert seen == {"step": replay, "scorer": replay}
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from rlkit.core.registry import Registry
 from rlkit.core.types import ROW_SOURCE, Rollout
 from rlkit.rewards import RewardOutput, concat_outputs, take
+from rlkit.rollout.scoring import replay_mode
 from rlkit.train.phases.collect import Samples
 from rlkit.train.phases.reward import compute_rewards
 
@@ -131,9 +132,9 @@ def demonstration_augmenter(cfg, env: AugmentEnv) -> Augmenter:
 
 
 def _check_demonstration(cfg, name: str) -> None:
-  if cfg.replay_routing:
+  if replay_mode(cfg):
     raise ValueError(f"{name}.augment='demonstration' has no sampler routing to replay for its rows; set "
-                     f"{name}.replay_routing=False.")
+                     f"{name}.replay_routing=False, {name}.moe.replay_weights=False and {name}.moe.trace=False.")
 
 
 AUGMENTERS.add("demonstration", AugmenterSpec(demonstration_augmenter, lambda cfg: 1, _check_demonstration))

@@ -40,7 +40,7 @@ import numpy as np
 from rlkit.core.registry import Registry
 from rlkit.core.types import TrainBatch
 from rlkit.rollout.sampler import SamplingConfig
-from rlkit.rollout.scoring import make_scorer
+from rlkit.rollout.scoring import make_scorer, replay_mode
 from rlkit.train.phases.collect import Samples
 
 
@@ -100,7 +100,7 @@ class ScoreEnv:
   def policy_logp(self) -> Callable:
     """The jitted `score(params, batch)` of the learner's policy module, built once: the policy scorer and a
     reference kept as this learner's initial params run the same program."""
-    return make_scorer(self.model, self.sampling, self.cfg.replay_routing)
+    return make_scorer(self.model, self.sampling, replay_mode(self.cfg))
 
 
 class Scorer(NamedTuple):
