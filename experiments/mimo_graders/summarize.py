@@ -56,8 +56,8 @@ def verdicts(runs: dict, seeds) -> dict:
   out["H1"] = _verdict(all(v >= -KEEP for v in kept.values()) if all(map(math.isfinite, kept.values())) else None,
                        "end pass rate minus pass_fail's: " + ", ".join(f"{a} {v:+.3f}" for a, v in kept.items()))
   gain = m("gar", "quality") - m("pass_fail", "quality")
-  every = all(runs["gar"][s]["quality"] > runs["pass_fail"][s]["quality"] for s in seeds
-              if s in runs.get("gar", {}) and s in runs.get("pass_fail", {}))
+  paired = [s for s in seeds if s in runs.get("gar", {}) and s in runs.get("pass_fail", {})]
+  every = bool(paired) and all(runs["gar"][s]["quality"] > runs["pass_fail"][s]["quality"] for s in paired)
   out["H2"] = _verdict(gain >= QUALITY_GAIN and every if math.isfinite(gain) else None,
                        f"gar - pass_fail solution score {gain:+.3f}; gar higher in every seed: {every}")
   ratio = m("gar_len", "len_correct") / m("pass_fail", "len_correct")
