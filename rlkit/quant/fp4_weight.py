@@ -13,9 +13,11 @@ anything else reads the dequantized array.
 
 Its `matmul` flattens x's contracted axes to [M, K] and multiplies through `kernels/fp4_matmul.py` on a GPU
 (Pallas, compiled) or `fp4_matmul_reference` elsewhere (`impl`: auto | pallas | reference), then restores
-the output's axes. `ragged_matmul` (the MoE experts' hook, `rlkit.models.matmul.expert_matmul`) dequantizes
-and calls `lax.ragged_dot`: a grouped FP4 kernel is not written yet, so expert FP4 changes the rollout's
-numbers (what TRACE is about) but not yet its speed.
+the output's axes. `ragged_matmul` (the MoE experts' hook, `rlkit.models.matmul.expert_matmul`): at decode
+sizes (at most `EXPERT_KERNEL_ROWS` token-expert rows) with the Pallas kernel, every row is multiplied by every
+expert's FP4 weights and each row keeps its own expert's product, so each expert's weights are read once, which
+is what bounds a decode step; E times the FLOPs, which decode has to spare. Otherwise (prefill, or the
+reference `impl`) the experts are dequantized and multiplied by `lax.ragged_dot`.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from rlkit.models.matmul import QuantizedWeight
 from rlkit.quant.fp4 import BlockFP4, dequantize_blocks, quantize_blocks
 
 Array = jax.Array
+EXPERT_KERNEL_ROWS = 256      # token-expert rows up to which the experts run through the Pallas kernel
 
 
 @flax.struct.dataclass
@@ -80,6 +83,16 @@ class FP4Weight(QuantizedWeight):
             return self.replace(presented=shape, in_axes=split)
     return self.dequantize().reshape(shape)
 
+  def ragged_matmul(self, x: Array, group_sizes: Array) -> Array:
+    impl = _resolved(self.impl)
+    if self.layout != "experts" or impl == "reference" or x.shape[0] > EXPERT_KERNEL_ROWS:
+      return super().ragged_matmul(x, group_sizes)
+    one = lambda e: _fp4_matmul(x, BlockFP4(self.fp4.codes[:, e], self.fp4.scales[:, e],        # noqa: E731
+                                            self.fp4.tensor_scale), impl)
+    every = jax.lax.map(one, jnp.arange(self.shape[0]))                                   # [E, rows, N]
+    expert_of_row = jnp.repeat(jnp.arange(self.shape[0]), group_sizes, total_repeat_length=x.shape[0])
+    return jnp.take_along_axis(every, expert_of_row[None, :, None], axis=0)[0]
+
   def part_specs(self, spec) -> list:
     """codes and scales laid out as the stored [K, *rest] (dense: K keeps the kernel's single input axis'
     split, merged input axes are replicated; experts: [D, E, N] from [E, D, N]); the tensor scale replicated."""
@@ -104,9 +117,14 @@ class FP4Weight(QuantizedWeight):
     return jnp.einsum(f"{tok}{outs}->{ys}", y)
 
 
-def _fp4_matmul(x2: Array, w: BlockFP4, impl: str) -> Array:
+def _resolved(impl: str) -> str:
   if impl == "auto":
-    impl = "pallas" if jax.default_backend() == "gpu" else "reference"
+    return "pallas" if jax.default_backend() == "gpu" else "reference"
+  return impl
+
+
+def _fp4_matmul(x2: Array, w: BlockFP4, impl: str) -> Array:
+  impl = _resolved(impl)
   if impl == "pallas":
     return fp4_matmul(x2, w)
   if impl == "pallas_interpret":

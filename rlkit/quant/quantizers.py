@@ -26,11 +26,12 @@ embedding (a gather, and a tied LM head), LoRA adapters (unmerged sampling), the
 experts (`moe/gate_up`, `moe/down`, [E, D, N]) are quantized only by quantizers with an `experts` function (the
 FP4 ones); their grouped matmul goes through `rlkit.models.matmul.expert_matmul`.
 
-A quantized kernel is a `QuantizedWeight` pytree, so the export has more leaves than the master (int8 or
-float8_e4m3fn codes, float32 scales); every sync backend sends them like any other leaf (sparse_delta: the bits
-that changed, a code flip or a scale's last bits; tests/quant/test_quantizers.py syncs int8 both ways and fp8
-sparsely). `export_shardings` lays them out: each part of a kernel takes the kernel's sharding, with the dims
-it cannot split replicated.
+A quantized kernel is a `QuantizedWeight` pytree, so the export has more leaves than the master (int8,
+float8_e4m3fn or packed FP4 codes, float32 or E8M0/E4M3 scales); every sync backend sends them like any other
+leaf (sparse_delta: the bits that changed, a code flip or a scale's last bits; tests/quant/test_quantizers.py
+syncs int8 and fp8 sparsely, an RL run syncs FP4 experts densely: tests/optim/test_frozen.py).
+`export_shardings` lays them out: each part of a kernel takes the spec its `part_specs` derives from the
+kernel's, with the dims it cannot split replicated.
 
 A new format: a QuantizedWeight subclass with its `matmul` (and `ragged_matmul` for experts), and
 `QUANTIZERS.add(name, Quantizer(...))`.

@@ -181,7 +181,7 @@ def test_without_a_compiler_the_kernel_tests_skip_naming_it(tmp_path):
   env["PATH"] = str(tmp_path)
   env["RLKIT_KERNEL_CACHE"] = str(tmp_path / "cache")          # a built library must not be picked up
   root = Path(__file__).resolve().parents[2]
-  done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__,
+  done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-n", "0", "-p", "no:cacheprovider", __file__,
                          "-k", "not without_a_compiler"], cwd=root, env=env, capture_output=True, text=True,
                         timeout=600)
   assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

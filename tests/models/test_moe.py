@@ -12,6 +12,11 @@ MOE = TransformerConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num
                         num_kv_heads=1, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8)
 
 
+@jax.jit
+def _forward(params, tokens, **kw):
+  return Transformer(MOE).apply({"params": params}, tokens, method=Transformer.forward, **kw)
+
+
 def test_load_balancing_loss_equals_hugging_faces():
   torch = pytest.importorskip("torch")
   from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
@@ -28,11 +33,10 @@ def test_load_balancing_loss_equals_hugging_faces():
 
 def test_padding_adds_nothing_and_counts_nowhere():
   params = init_params(MOE, jax.random.key(0))
-  model = Transformer(MOE)
   tokens = jax.random.randint(jax.random.key(1), (1, 6), 0, MOE.vocab_size)
   mask = jnp.array([[False, False, True, True, True, True]])
-  padded = model.apply({"params": params}, tokens, attention_mask=mask, method=Transformer.forward)
-  alone = model.apply({"params": params}, tokens[:, 2:], method=Transformer.forward)
+  padded = _forward(params, tokens, attention_mask=mask)
+  alone = _forward(params, tokens[:, 2:])
   np.testing.assert_allclose(padded.logits[:, 2:], alone.logits, atol=1e-5)
   assert padded.routed_weights.shape == (1, 6, 2, 2) and padded.router_probs.shape == (1, 6, 2, 4)
   stats = load_stats(padded.routed_experts, 4, mask[..., None])
@@ -47,16 +51,13 @@ def test_padding_adds_nothing_and_counts_nowhere():
 
 def test_replaying_experts_and_weights_reproduces_the_mixture_under_a_changed_router():
   params = init_params(MOE, jax.random.key(0))
-  model = Transformer(MOE)
   tokens = jax.random.randint(jax.random.key(2), (2, 5), 0, MOE.vocab_size)
-  sampled = model.apply({"params": params}, tokens, method=Transformer.forward)
+  sampled = _forward(params, tokens)
   moved = jax.tree_util.tree_map_with_path(          # a router that weighs the experts differently
       lambda p, x: x + 0.5 * jax.random.normal(jax.random.key(3), x.shape) if "router" in jax.tree_util.keystr(p)
       else x, params)
-  experts_only = model.apply({"params": moved}, tokens, routed_experts=sampled.routed_experts,
-                             method=Transformer.forward)
-  both = model.apply({"params": moved}, tokens, routed_experts=sampled.routed_experts,
-                     routed_weights=sampled.routed_weights, method=Transformer.forward)
+  experts_only = _forward(moved, tokens, routed_experts=sampled.routed_experts)
+  both = _forward(moved, tokens, routed_experts=sampled.routed_experts, routed_weights=sampled.routed_weights)
   np.testing.assert_array_equal(np.asarray(both.logits), np.asarray(sampled.logits))      # the same mixture
   assert not np.allclose(experts_only.logits, sampled.logits)          # the weights came from the new router
   assert float(flip_rate(both.routed_experts, sampled.routed_experts)) == 0.0
@@ -79,9 +80,10 @@ def test_upcycling_keeps_the_dense_function_and_noise_breaks_the_symmetry():
   tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, dense.vocab_size)
   cfg, moe = upcycle(dense, params, 4, 2, jax.random.key(2))
   assert cfg.moe_layers == (0, 1) and moe["layers_0"]["moe"]["gate_up"].shape == (4, 16, 64)
-  want = Transformer(dense).apply({"params": params}, tokens)
-  np.testing.assert_allclose(Transformer(cfg).apply({"params": moe}, tokens), want, atol=1e-5)
+  want = jax.jit(Transformer(dense).apply)({"params": params}, tokens)
+  upcycled = jax.jit(Transformer(cfg).apply)
+  np.testing.assert_allclose(upcycled({"params": moe}, tokens), want, atol=1e-5)
   _, noisy = upcycle(dense, params, 4, 2, jax.random.key(2), noise=0.1)
-  assert not np.allclose(Transformer(cfg).apply({"params": noisy}, tokens), want, atol=1e-5)
+  assert not np.allclose(upcycled({"params": noisy}, tokens), want, atol=1e-5)
   with pytest.raises(ValueError, match="already has 4 experts"):
     upcycle(cfg, moe, 4, 2, jax.random.key(0))

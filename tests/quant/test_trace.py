@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rlkit.quant import fp4, trace
+from tests.fast_compile import fast_compile
 
 
 def _values(codes):
@@ -53,6 +54,7 @@ def test_straight_through_gradient_and_scales():
     trace.block_scales(jnp.ones((2, 48)), "mxfp4")
 
 
+@fast_compile()
 def test_an_fp4_moe_trainer_follows_its_bf16_rollout():
   """A float32 trainer forward of an FP4 MoE against its bf16 sampler on the FP4 export: RTN disagrees with the
   sampler's FP4 codes on some values; with the sampler's hints (and routing) the trainer's codes agree, and its
@@ -65,7 +67,8 @@ def test_an_fp4_moe_trainer_follows_its_bf16_rollout():
   params = jax.tree.map(lambda x: x * 8.0 if x.ndim >= 2 else x, init_params(cfg, jax.random.key(0)))
   sampler = Transformer(cfg.replace(dtype="bfloat16", param_dtype="bfloat16"))
   tokens = jax.random.randint(jax.random.key(1), (4, 12), 0, cfg.vocab_size)
-  fwd = lambda m, p, **kw: m.apply({"params": p}, tokens, method=Transformer.forward, **kw)   # noqa: E731
+  fwd = jax.jit(lambda m, p, **kw: m.apply({"params": p}, tokens, method=Transformer.forward, **kw),
+                static_argnums=0)
   rollout = fwd(sampler, export_params(params, "bfloat16", "nvfp4_experts"))
   assert set(rollout.trace) == {"trace_x_bits", "trace_x_scales", "trace_h_bits", "trace_h_scales"}
   assert rollout.trace["trace_h_bits"].shape == (4, 12, 2, 2, 16)             # [B, T, L_moe, k, F]

@@ -89,7 +89,7 @@ def test_resuming_with_a_changed_config_names_the_keys_and_stops(tmp_path):
 # SFT, then RL with stage state beyond the policy: the critic (its own optimizer) and calibrated IS's mismatch
 # scale, under simulated engine noise (the sampler's noise stream must resume too). Everything the plain GRPO
 # run resumes is resumed here as well.
-RESUME = ("--config.rl.steps=8", "--config.checkpoint.every=2", "--config.rl.advantage=gae",
+RESUME = ("--config.rl.steps=6", "--config.checkpoint.every=2", "--config.rl.advantage=gae",
           "--config.rl.correction.name=calibrated", "--config.rl.rollout_mismatch.noise_scale=0.5")
 
 
@@ -105,7 +105,7 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path):
   assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in reference if "eval/accuracy" in r)
 
   proc = _launch(str(cut_dir), *args)
-  target = cut_dir / "checkpoints" / "8"          # 4 SFT steps + 4 of the 8 RL steps
+  target = cut_dir / "checkpoints" / "8"          # 4 SFT steps + 4 of the 6 RL steps
   deadline = time.time() + 300
   while not target.exists() and proc.poll() is None and time.time() < deadline:
     time.sleep(0.02)
