@@ -135,14 +135,18 @@ def simulate(schedule: str, devices: int, w: Workload, steps: int = 50, rollout:
       r = rule.decide(r, sum(version - v <= staleness for v in ready), w.batch)
     splits.append(r)
     wait_from = t
-    while True:                                               # drop stale, then wait for a batch
-      fresh = [v for v in ready if version - v <= staleness]
-      discarded += len(ready) - len(fresh)
-      ready = fresh
-      if len(ready) >= w.batch:
-        break
+    fresh = [v for v in ready if version - v <= staleness]    # drop stale, then wait for a batch
+    discarded += len(ready) - len(fresh)
+    ready = fresh
+    while len(ready) < w.batch:
       t = max(t, events[0][0])                                # the learner waits for the next sample
+      seen = len(ready)
       read(t)
+      # The version is fixed while the learner waits, so only the samples just read can be stale.
+      fresh = [v for v in ready[seen:] if version - v <= staleness]
+      discarded += len(ready) - seen - len(fresh)
+      del ready[seen:]
+      ready.extend(fresh)
     idle += t - wait_from
     ready.sort(reverse=True)                                  # the freshest samples train first
     batch, ready = ready[:w.batch], ready[w.batch:]
