@@ -71,9 +71,11 @@ class MoE(nn.Module):
   rlkit/quant/trace.py): their inputs (per token) and the down projection's inputs (per token and slot) are
   fake-quantized, with a straight-through gradient, guided by the rollout's `hints` where given (TRACE) and
   rounded to nearest otherwise; the stacked expert weights too, unless they already are a quantized copy (the
-  sampler's, `rl.sync.quantizer`). The third output then records every quantized value's hint
-  ({trace_x_bits [B, T, D], trace_x_scales [B, T, D/B], trace_h_bits [B, T, k, F], trace_h_scales}), which the
-  sampler keeps with the rollout."""
+  sampler's, `rl.sync.quantizer`). The third output then records every quantized value's E2M1 code and block
+  scales ({trace_x_codes [B, T, D] uint8, trace_x_scales [B, T, D/B], trace_h_codes [B, T, k, F], trace_h_scales}),
+  which the sampler keeps with the rollout: TRACE's hint is each code's least significant bit (the paper stores
+  only that bit; a whole code per byte here costs the same unpacked, and lets the trainer measure its full-code
+  mismatch with the rollout)."""
   cfg: "TransformerConfig"  # noqa: F821 (rlkit.models.transformer; a string to avoid the import cycle)
 
   @nn.compact
@@ -112,8 +114,8 @@ class MoE(nn.Module):
     if fmt:
       h, h_codes, h_scales = trace.fake_quant(h, fmt, h_hint)
       unsort = lambda a: jnp.zeros_like(a).at[order].set(a).reshape((b, t, k) + a.shape[1:])   # noqa: E731
-      record = {"trace_x_bits": (x_codes & 1).reshape(b, t, d), "trace_x_scales": x_scales.reshape(b, t, -1),
-                "trace_h_bits": unsort(h_codes & 1), "trace_h_scales": unsort(h_scales)}
+      record = {"trace_x_codes": x_codes.reshape(b, t, d), "trace_x_scales": x_scales.reshape(b, t, -1),
+                "trace_h_codes": unsort(h_codes), "trace_h_scales": unsort(h_scales)}
     y = expert_matmul(h, w_down.astype(dt), group_sizes)
     y = y * weights.reshape(-1)[order][:, None]
     out = jnp.zeros((b * t, d), jnp.float32).at[tok].add(y)
@@ -121,7 +123,7 @@ class MoE(nn.Module):
 
 
 def _hint(hints: dict, point: str) -> trace.Hint:
-  return trace.Hint(hints[f"trace_{point}_bits"], hints[f"trace_{point}_scales"])
+  return trace.hint_of(hints[f"trace_{point}_codes"], hints[f"trace_{point}_scales"])
 
 
 def _rows(hint: trace.Hint, n: int) -> trace.Hint:

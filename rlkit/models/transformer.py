@@ -280,8 +280,8 @@ class Transformer(nn.Module):
         to every earlier real slot.
       routed_experts: [B, T, L_moe, k] expert indices to replay instead of routing (MoE only).
       routed_weights: [B, T, L_moe, k] combine weights to replay with them (rlkit/models/moe.py).
-      trace_hints: {trace_x_bits, trace_x_scales, trace_h_bits, trace_h_scales: [B, T, L_moe, ...]}, the
-        rollout's FP4 hints that guide the experts' rounding (`expert_quant`; rlkit/quant/trace.py).
+      trace_hints: {trace_x_codes, trace_x_scales, trace_h_codes, trace_h_scales: [B, T, L_moe, ...]}, the
+        rollout's FP4 codes and scales that guide the experts' rounding (`expert_quant`; rlkit/quant/trace.py).
       logits: "all" (LM head at every position), "last" (only the last position, as `[B, 1, V]`: prefill
         needs nothing else) or "none" (hidden states only, e.g. for value heads).
       rope_cs: optional `rope_tables(positions, ...)`, precomputed by a caller that runs many steps (the

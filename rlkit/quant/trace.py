@@ -21,9 +21,10 @@ E4M3 scale per 16 features times a float32 scale per token (the token's amax / (
 per 32 features ('ocp' rule): per-token, not per-tensor, so a token's scales do not depend on which other tokens
 share its batch (a decode step holds one token per row, the trainer's forward the whole sequence).
 
-Metrics (`mismatch`): the fraction of values whose trainer code's LSB differs from the hint, i.e. adjacent-code
-disagreements with the rollout, for RTN and for the guided codes (0 for guided rounding, except where a value
-saturates at 6 and both brackets coincide).
+Metrics (`mismatch`): the fraction of values whose trainer code's LSB differs from the hint: the adjacent-code
+disagreements with the rollout (0 for guided rounding, except where a value saturates at 6 and both brackets
+coincide). The MoE layer records whole codes (rlkit/models/moe.py), so the trainer also reports the full-code
+mismatch, which counts the disagreements a one-bit hint cannot see (codes two or more steps apart).
 """
 from __future__ import annotations
 

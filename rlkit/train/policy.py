@@ -94,18 +94,18 @@ def moe_stats(out, mb: TrainBatch, aux_coef: float) -> dict:
                                                                            out.router_probs.shape[-1], mask).items()}}
   if "routed_experts" in mb.extras:
     metrics["moe/flip_rate"] = flip_rate(out.routed_experts, mb.extras["routed_experts"], mask)
-  if out.trace is not None and "trace_x_bits" in mb.extras:    # the trainer's FP4 codes vs the rollout's
+  if out.trace is not None and "trace_x_codes" in mb.extras:    # the trainer's FP4 codes vs the rollout's
     metrics["moe/codeword_mismatch"] = trace_mismatch(out.trace, mb.extras, mask)
   return {"loss": aux_coef * lb, "metrics": metrics}
 
 
 def trace_mismatch(train: dict, rollout: dict, mask: Array) -> Array:
   """The fraction of the MoE experts' FP4 values (inputs and down-projection inputs, every MoE layer, attended
-  tokens) whose code's LSB differs between the trainer's forward and the rollout's record: the adjacent-code
-  disagreements (rlkit/quant/trace.py)."""
+  tokens) whose E2M1 code differs between the trainer's forward and the rollout's record (rlkit/quant/trace.py;
+  with TRACE only the disagreements of non-adjacent codes can remain)."""
   total = count = 0.0
   for point in ("x", "h"):
-    ours, theirs = train[f"trace_{point}_bits"], rollout[f"trace_{point}_bits"]
+    ours, theirs = train[f"trace_{point}_codes"], rollout[f"trace_{point}_codes"]
     m = mask.reshape(mask.shape + (1,) * (ours.ndim - mask.ndim))
     differ = (ours != theirs) & m
     total, count = total + differ.sum(), count + jnp.broadcast_to(m, ours.shape).sum()

@@ -70,15 +70,15 @@ def test_an_fp4_moe_trainer_follows_its_bf16_rollout():
   fwd = jax.jit(lambda m, p, **kw: m.apply({"params": p}, tokens, method=Transformer.forward, **kw),
                 static_argnums=0)
   rollout = fwd(sampler, export_params(params, "bfloat16", "nvfp4_experts"))
-  assert set(rollout.trace) == {"trace_x_bits", "trace_x_scales", "trace_h_bits", "trace_h_scales"}
-  assert rollout.trace["trace_h_bits"].shape == (4, 12, 2, 2, 16)             # [B, T, L_moe, k, F]
+  assert set(rollout.trace) == {"trace_x_codes", "trace_x_scales", "trace_h_codes", "trace_h_scales"}
+  assert rollout.trace["trace_h_codes"].shape == (4, 12, 2, 2, 16)            # [B, T, L_moe, k, F]
   model, routed = Transformer(cfg), rollout.routed_experts
   rtn = fwd(model, params, routed_experts=routed)
   guided = fwd(model, params, routed_experts=routed, trace_hints=rollout.trace)
 
   def mismatch(out):
     return np.mean([np.mean(np.asarray(out.trace[n]) != np.asarray(rollout.trace[n]))
-                    for n in ("trace_x_bits", "trace_h_bits")])
+                    for n in ("trace_x_codes", "trace_h_codes")])
   assert mismatch(rtn) > 0.005 and mismatch(guided) <= 0.05 * mismatch(rtn)
   gap = lambda out: float(jnp.abs(out.logits - rollout.logits).mean())        # noqa: E731
   assert gap(guided) < gap(rtn)
