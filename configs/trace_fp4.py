@@ -15,6 +15,7 @@ as the paper trains). The trainer computes in float32, the sampler in bfloat16 (
   fp4_rtn    model.expert_quant=nvfp4, rl.sync.quantizer=nvfp4_experts: the sampler's experts compute on NVFP4
              weights and activations; the trainer fake-quantizes both, rounding to nearest (QAT)
   fp4_trace  fp4_rtn with rl.moe.trace: the trainer's expert activations take the rollout's FP4 decisions
+  gate       fp4_rtn with every weight frozen for GATE_STEPS iterations (experiments/trace_fp4/README.md)
 """
 from rlkit.train.config import base_config, set_dotted
 from rlkit.train.rl_config import rl_defaults
@@ -27,7 +28,9 @@ LR = 1e-5
 EXPERTS, TOP_K, UPCYCLE_NOISE = 4, 2, 0.02
 FP4 = {"model.expert_quant": "nvfp4", "rl.sync.quantizer": "nvfp4_experts"}
 ARMS = {"bf16": {}, "fp4_rtn": dict(FP4), "fp4_trace": {**FP4, "rl.moe.trace": True}}
-PRESETS = {arm: f"fields {fields}" for arm, fields in ARMS.items()}
+GATE_STEPS = 3
+PRESETS = {**{arm: f"fields {fields}" for arm, fields in ARMS.items()},
+           "gate": f"fp4_rtn with every weight frozen for {GATE_STEPS} iterations: the calibration gate"}
 
 
 def get_config(arg=None):
@@ -62,6 +65,9 @@ def get_config(arg=None):
   c.eval.pass_k = 0
   c.eval.max_new_tokens = 6
   c.checkpoint.every = 20
-  for key, value in ARMS[preset].items():
+  for key, value in ARMS["fp4_rtn" if preset == "gate" else preset].items():
     set_dotted(c, key, value)
+  if preset == "gate":
+    c.rl.steps, c.rl.eval_every = GATE_STEPS, 0
+    c.rl.optimizer.frozen = "."          # every weight frozen: a measurement of the starting policy
   return c
