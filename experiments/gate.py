@@ -115,15 +115,20 @@ def archive_with_gate(root: str, dest: str, keys, files=()) -> list:
   return names
 
 
-def parse_driver_args(doc: str, root: str, arms, archive_dest: str, argv=None) -> argparse.Namespace:
+def parse_driver_args(doc: str, root: str, arms, archive_dest: str, argv=None,
+                      budget: bool = False) -> argparse.Namespace:
   """experiments/driver.py's `parse_args` (--root, --seeds, --arms, --lock, --dry_run) plus `--archive` (default
-  `archive_dest`, given relative to the repository root as the summary will read it; '' archives nothing)."""
+  `archive_dest`, given relative to the repository root as the summary will read it; '' archives nothing) and,
+  with `budget` (a driver with a budget rule: `gate_then_arms`), `--ignore_budget` (args.ignore_budget)."""
   pre = argparse.ArgumentParser(add_help=False)
   pre.add_argument("--archive", default=archive_dest)
+  if budget:
+    pre.add_argument("--ignore_budget", action="store_true")
   known, rest = pre.parse_known_args(argv)
   args = parse_args(doc + f"\n\n--archive=DIR archives the finished runs there (default {archive_dest}; '' none).",
                     root, arms, rest)
   args.archive = known.archive
+  args.ignore_budget = bool(getattr(known, "ignore_budget", False))
   return args
 
 

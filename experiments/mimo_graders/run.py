@@ -8,7 +8,6 @@ Each run is one `launch.py` subprocess (configs/mimo_graders.py) into its own wo
 ROOT/gate_s<seed> (frozen, from ROOT/sft_s0) and ROOT/<arm>_s<seed> (from ROOT/sft_s0). Finished workdirs are
 skipped, unfinished ones resumed (experiments/driver.py); the gate's numbers go to ROOT/gate.json.
 """
-import argparse
 import math
 import os
 import sys
@@ -64,10 +63,7 @@ def budget(root: str, iteration_s: float, steps: int = STEPS) -> dict:
 
 
 def main(argv=None, launch_fn=launch) -> int:
-  own = argparse.ArgumentParser(add_help=False)
-  own.add_argument("--ignore_budget", action="store_true")
-  flags, rest = own.parse_known_args(argv)
-  args = parse_driver_args(__doc__, "/tmp/mimo_graders", ARMS, ARCHIVE, rest)
+  args = parse_driver_args(__doc__, "/tmp/mimo_graders", ARMS, ARCHIVE, argv, budget=True)
   use_compilation_cache(args.root)
   rev = commit()
   sft = os.path.join(args.root, "sft_s0")
@@ -77,7 +73,7 @@ def main(argv=None, launch_fn=launch) -> int:
   return gate_then_arms(args, tag=TAG, config=CONFIG, gate_seeds=GATE_SEEDS, gate_paths=gate_paths(args.root),
                         measure=gate_measure, checks=gate_checks, budget=budget, steps=STEPS,
                         arm_runs=len(ARMS) * len(GATE_SEEDS), budget_minutes=BUDGET_MINUTES, keys=ARCHIVE_KEYS,
-                        extra=[f"--config.model.path={sft}"], ignore_budget=flags.ignore_budget, launch_fn=launch_fn,
+                        extra=[f"--config.model.path={sft}"], ignore_budget=args.ignore_budget, launch_fn=launch_fn,
                         rev=rev)
 
 

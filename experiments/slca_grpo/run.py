@@ -93,15 +93,14 @@ def budget(root: str, iteration_s: float, steps: int = STEPS) -> dict:
 def main(argv=None) -> int:
   own = argparse.ArgumentParser(add_help=False)
   own.add_argument("--model", default="")
-  own.add_argument("--ignore_budget", action="store_true")
   flags, rest = own.parse_known_args(argv)
-  args = parse_driver_args(__doc__, "/tmp/slca_grpo", ARMS, ARCHIVE, rest)
+  args = parse_driver_args(__doc__, "/tmp/slca_grpo", ARMS, ARCHIVE, rest, budget=True)
   use_compilation_cache(args.root)
   return gate_then_arms(args, tag=TAG, config=CONFIG, gate_seeds=GATE["seeds"], gate_paths=gate_paths(args.root),
                         measure=gate_measure, checks=gate_checks, budget=budget, steps=STEPS,
                         arm_runs=len(ARMS) * len(GATE["seeds"]), budget_minutes=BUDGET_MINUTES, keys=ARCHIVE_KEYS,
                         extra=[f"--config.model.path={flags.model}"] if flags.model else [],
-                        ignore_budget=flags.ignore_budget, launch_fn=launch, rev=commit())
+                        ignore_budget=args.ignore_budget, launch_fn=launch, rev=commit())
 
 
 if __name__ == "__main__":

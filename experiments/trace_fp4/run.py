@@ -8,7 +8,6 @@ Each run is one `launch.py` subprocess (configs/trace_fp4.py) into its own workd
 ROOT/<arm>_s<seed>. Finished workdirs are skipped, unfinished ones resumed (experiments/driver.py); the gate's
 numbers go to ROOT/gate.json.
 """
-import argparse
 import math
 import os
 import sys
@@ -62,15 +61,12 @@ def budget(root: str, iteration_s: float, steps: int = STEPS) -> dict:
 
 
 def main(argv=None, launch_fn=launch) -> int:
-  own = argparse.ArgumentParser(add_help=False)
-  own.add_argument("--ignore_budget", action="store_true")
-  flags, rest = own.parse_known_args(argv)
-  args = parse_driver_args(__doc__, "/tmp/trace_fp4", ARMS, ARCHIVE, rest)
+  args = parse_driver_args(__doc__, "/tmp/trace_fp4", ARMS, ARCHIVE, argv, budget=True)
   use_compilation_cache(args.root)
   return gate_then_arms(args, tag=TAG, config=CONFIG, gate_seeds=GATE_SEEDS, gate_paths=gate_paths(args.root),
                         measure=gate_measure, checks=gate_checks, budget=budget, steps=STEPS,
                         arm_runs=len(ARMS) * 3, budget_minutes=BUDGET_MINUTES, keys=ARCHIVE_KEYS,
-                        ignore_budget=flags.ignore_budget, launch_fn=launch_fn, rev=commit())
+                        ignore_budget=args.ignore_budget, launch_fn=launch_fn, rev=commit())
 
 
 if __name__ == "__main__":
