@@ -1,0 +1,70 @@
+"""Driver of experiments/moe_replay (README.md is the pre-registration): the calibration gate (a frozen no_replay
+run from the base, seed 0), the budget, then every arm of every seed, then the archive.
+
+  python experiments/moe_replay/run.py --root=/tmp/moe_replay [--lock=/tmp/cpu.lock] [--ignore_budget]
+  python experiments/moe_replay/summarize.py --root=experiments/moe_replay/runs
+
+Each run is one `launch.py` subprocess (configs/moe_replay.py) into its own workdir: the gate's ROOT/gate_s0 and
+ROOT/<arm>_s<seed>. Finished workdirs are skipped, unfinished ones resumed (experiments/driver.py); the gate's
+numbers go to ROOT/gate.json.
+"""
+import math
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import commit  # noqa: E402
+from configs.moe_replay import ARMS, GATE_STEPS, STEPS  # noqa: E402
+from configs.trace_fp4 import EVAL_EVERY  # noqa: E402
+from experiments.driver import launch, use_compilation_cache  # noqa: E402
+from experiments.gate import budget_projection, check, gate_then_arms, parse_driver_args, pooled_rows  # noqa: E402
+
+CONFIG = "configs/moe_replay.py"
+TAG = "moe_replay"
+ARCHIVE = os.path.join("experiments", "moe_replay", "runs")
+ARCHIVE_KEYS = ["stage", "step", "step_s", "reward", "accuracy", "mismatch/", "moe/", "eval/"]
+BUDGET_MINUTES = 80
+GATE_SEEDS = (0,)
+WINDOW = 10                 # README's first/last 10 iterations
+FLIP_MIN = 0.005            # G1
+EVAL_S = 15.0               # one evaluation of 256 prompts, estimated
+
+
+def gate_paths(root: str) -> list:
+  return [os.path.join(root, f"gate_s{seed}") for seed in GATE_SEEDS]
+
+
+def gate_measure(paths) -> dict:
+  """The frozen runs' mean flip rate (moe/flip_rate) and the median iteration seconds (each run's first left
+  out)."""
+  train, _, later = pooled_rows(paths)
+  values = [r["moe/flip_rate"] for r in train if "moe/flip_rate" in r]
+  return {"flip_rate": float(np.mean(values)) if values else math.nan, "iterations": len(train),
+          "iteration_s": float(np.median(later)) if later else math.nan}
+
+
+def gate_checks(measured: dict) -> list:
+  return [check("G1 flip rate without replay (mean moe/flip_rate)", measured.get("flip_rate", math.nan),
+                low=FLIP_MIN)]
+
+
+def budget(root: str, iteration_s: float, steps: int = STEPS) -> dict:
+  return budget_projection(root, gate_paths(root), len(ARMS) * 3, GATE_STEPS, iteration_s, steps, BUDGET_MINUTES,
+                           WINDOW, extra_s=lambda n: EVAL_S * (1 + n // EVAL_EVERY), max_steps=STEPS)
+
+
+def main(argv=None, launch_fn=launch) -> int:
+  args = parse_driver_args(__doc__, "/tmp/moe_replay", ARMS, ARCHIVE, argv, budget=True)
+  use_compilation_cache(args.root)
+  return gate_then_arms(args, tag=TAG, config=CONFIG, gate_seeds=GATE_SEEDS, gate_paths=gate_paths(args.root),
+                        measure=gate_measure, checks=gate_checks, budget=budget, steps=STEPS,
+                        arm_runs=len(ARMS) * 3, budget_minutes=BUDGET_MINUTES, keys=ARCHIVE_KEYS,
+                        ignore_budget=args.ignore_budget, launch_fn=launch_fn, rev=commit())
+
+
+if __name__ == "__main__":
+  sys.exit(main())
