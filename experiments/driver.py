@@ -1,6 +1,7 @@
 """What the experiment drivers and summarisers share: one `launch.py` subprocess per run, each into its own
 workdir, skipped when finished and resumed when not, with its wall time and exit status appended to
-ROOT/runs.jsonl (`command_walls` reads them back); `spread` formats a mean and min-max over seeds. A summariser
+ROOT/runs.jsonl (`command_walls` reads them back); `spread` formats a mean and min-max over seeds (`arm_rows`: an arms table's
+rows of them). A summariser
 writes its plots into the run root unless `--out` says otherwise (`summary_path`), and prints "smoke run" where
 a verdict would be for quick runs (`verdict_or_smoke`). A pre-registered summary names the commit that added
 its README and the runs' commits (`commits`) and prints the changes recorded after it (`changes_lines`);
@@ -95,6 +96,18 @@ def spread(xs, fmt="{:.3f}") -> str:
   if len(xs) == 1:
     return fmt.format(xs[0])
   return f"{fmt.format(np.mean(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+
+def arm_rows(runs: dict, arms, columns) -> list:
+  """A summary's arms table body: one markdown row per arm of `arms` that has runs ({arm: {seed: values}}), its
+  seed count, then `spread` over its seeds of each column of `columns` ([(key, fmt)])."""
+  rows = []
+  for arm in arms:
+    rs = runs.get(arm, {})
+    if rs:
+      cells = [spread([r[key] for r in rs.values()], fmt) for key, fmt in columns]
+      rows.append("| " + " | ".join([arm, str(len(rs)), *cells]) + " |")
+  return rows
 
 
 def parse_args(doc: str, root: str, arms, argv=None) -> argparse.Namespace:

@@ -12,6 +12,9 @@ driver (exit GATE_FAILED) when it fails; the archive keeps gate.json beside the 
   gate_then_arms(...)                    a whole driver: the gate's runs from the base, the gate, the budget
                                          projection (`budget_projection`), every arm, the archive (slca_grpo, srd)
   pooled_rows(paths)                     the gate runs' training rows, start evaluations and iteration seconds
+  pooled_means(paths, means)             a frozen gate's measure: metric means over pooled_rows, start accuracy,
+                                         median iteration seconds
+  results_head(name, root)               results.md's opening: commits, walls, regenerate command, gate table
   gate_summary_lines(root)               a summary's gate section: the table, the measured numbers, the budget
   parse_summary_args(doc, archive, ...)  a summary's --root (default the archive), --seeds, --out; prints the gate
 """
@@ -25,7 +28,8 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from experiments.archive import archive
-from experiments.driver import add_summary_args, command_walls, finished, launch, parse_args, read_json, report
+from experiments.driver import (add_summary_args, command_walls, commits, finished, launch, parse_args, read_json,
+                                report)
 
 GATE_FAILED = 2               # a driver's exit status when its gate failed (1: a run failed)
 BUDGET_EXCEEDED = 3           # gate_then_arms's exit status when the gate's timing projects the set past its budget
@@ -206,6 +210,23 @@ def pooled_rows(paths) -> tuple[list, list, list]:
   return train, starts, later
 
 
+def pooled_means(paths, means: dict, start: str = "start_accuracy") -> dict:
+  """A frozen gate's measure over its runs' `pooled_rows`: {name: the mean of metric key over the training rows
+  that have it, for each of `means` ({name: key}); iterations; `start` (the start evaluations' mean accuracy, where
+  the runs evaluated at their start); iteration_s (the median iteration, each run's first left out)}; NaN where
+  nothing was measured."""
+  train, starts, later = pooled_rows(paths)
+  out = {}
+  for name, key in means.items():
+    values = [r[key] for r in train if key in r]
+    out[name] = float(np.mean(values)) if values else math.nan
+  out["iterations"] = len(train)
+  if starts:
+    out[start] = float(np.mean(starts))
+  out["iteration_s"] = float(np.median(later)) if later else math.nan
+  return out
+
+
 def budget_projection(root: str, gate_paths, arm_runs: int, gate_steps: int, iteration_s: float, steps: int,
                       budget_minutes: float, window: int, extra_s: Optional[Callable[[int], float]] = None,
                       max_steps: Optional[int] = None) -> dict:
@@ -286,6 +307,17 @@ def gate_then_arms(args, *, tag: str, config: str, gate_seeds, gate_paths, measu
     for arm in args.arms:
       run(os.path.join(args.root, f"{arm}_s{seed}"), arm, seed, arm)
   return finish_driver(args, tag, keys, failed)
+
+
+def results_head(name: str, root: str, wall_note: str = "") -> list:
+  """The opening lines of experiments/<name>/results.md: the pre-registration commit (the one that added its
+  README.md), the runs' commits, commands and wall minutes (`wall_note` after the minutes), the command that
+  regenerates it, the gate table, then the verdicts' heading."""
+  pre, ran, minutes, n = commits(root, f"experiments/{name}/README.md")
+  return [f"# {name}: results", "",
+          f"Pre-registration `{pre}`; runs at {ran}; {n} commands, {minutes:.0f} wall minutes{wall_note}. Regenerate: "
+          f"`python experiments/{name}/summarize.py --root=experiments/{name}/runs --out=experiments/{name}`.", "",
+          *gate_table(root), "", "## Verdicts", ""]
 
 
 def gate_summary_lines(root: str) -> list:

@@ -14,10 +14,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from configs.async_rollout import ARMS, GROUP, PROMPTS, STALENESS, WARMUP  # noqa: E402
-from experiments.driver import changes_lines, commits, load_runs, write_results  # noqa: E402
-from experiments.gate import gate_table, parse_summary_args  # noqa: E402
+from experiments.driver import changes_lines, load_runs, write_results  # noqa: E402
+from experiments.gate import parse_summary_args, results_head  # noqa: E402
 
-README = "experiments/async_rollout/README.md"
 TOL = 0.1                 # H2, H4: the margins of README
 S0_MAX, FAULT_MIN = 1.05, 0.6
 CLUSTERS, SIGMAS = (8, 64, 512), (0.5, 1.5)
@@ -114,12 +113,8 @@ def projection(sync: dict) -> list:
 
 def render(root: str, seeds) -> str:
   runs = load_runs(root, ARMS, seeds, load)
-  pre, ran, minutes, n = commits(root, README)
   v = verdicts(runs, seeds)
-  text = ["# async_rollout: results", "",
-          f"Pre-registration `{pre}`; runs at {ran}; {n} commands, {minutes:.0f} wall minutes on this 2-core CPU. "
-          f"Regenerate: `python experiments/async_rollout/summarize.py --root=experiments/async_rollout/runs "
-          f"--out=experiments/async_rollout`.", "", *gate_table(root), "", "## Verdicts", ""]
+  text = results_head("async_rollout", root, " on this 2-core CPU")
   text += [f"- **{h}**: {v[h]}" for h in ("H1", "H2", "H3", "H4", "H5")]
   text += ["", "## Throughput (samples trained per second, median iteration after the first "
            f"{WARMUP}) and held-out accuracy", "",

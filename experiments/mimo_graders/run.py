@@ -12,7 +12,6 @@ import math
 import os
 import sys
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -21,7 +20,7 @@ from benchmarks._common import commit  # noqa: E402
 from configs.mimo_graders import ARMS, GATE, STEPS, WINDOW  # noqa: E402
 from experiments.driver import launch, report, use_compilation_cache  # noqa: E402
 from experiments.gate import (budget_projection, check, gate_then_arms, parse_driver_args,  # noqa: E402
-                              pooled_rows)
+                              pooled_means)
 
 CONFIG = "configs/mimo_graders.py"
 TAG = "mimo_graders"
@@ -40,14 +39,7 @@ def gate_paths(root: str) -> list:
 def gate_measure(paths) -> dict:
   """Pooled over the frozen gate runs' iterations: the pass rate of sampled solutions (reward/all_pass), their
   mean solution score (reward/quality), and the median iteration seconds (each run's first left out)."""
-  train, starts, later = pooled_rows(paths)
-
-  def mean(key):
-    values = [r[key] for r in train if key in r]
-    return float(np.mean(values)) if values else math.nan
-  return {"pass_rate": mean("reward/all_pass"), "quality": mean("reward/quality"), "iterations": len(train),
-          "sft_eval_accuracy": float(np.mean(starts)) if starts else math.nan,
-          "iteration_s": float(np.median(later)) if later else math.nan}
+  return pooled_means(paths, {"pass_rate": "reward/all_pass", "quality": "reward/quality"}, start="sft_eval_accuracy")
 
 
 def gate_checks(measured: dict) -> list:

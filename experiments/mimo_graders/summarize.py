@@ -13,10 +13,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from configs.mimo_graders import ARMS, WINDOW  # noqa: E402
-from experiments.driver import changes_lines, commits, load_runs, spread, write_results  # noqa: E402
-from experiments.gate import gate_table, parse_summary_args  # noqa: E402
+from experiments.driver import arm_rows, changes_lines, load_runs, write_results  # noqa: E402
+from experiments.gate import parse_summary_args, results_head  # noqa: E402
 
-README = "experiments/mimo_graders/README.md"
 KEEP = 0.05               # H1: the pass rate the graders may lose
 QUALITY_GAIN = 0.05       # H2
 LENGTH_RATIO = 0.9        # H3
@@ -77,23 +76,13 @@ def _verdict(ok, detail: str) -> str:
 
 def render(root: str, seeds) -> str:
   runs = load_runs(root, ARMS, seeds, load)
-  pre, ran, minutes, n = commits(root, README)
-  text = ["# mimo_graders: results", "",
-          f"Pre-registration `{pre}`; runs at {ran}; {n} commands, {minutes:.0f} wall minutes. Regenerate: "
-          "`python experiments/mimo_graders/summarize.py --root=experiments/mimo_graders/runs "
-          "--out=experiments/mimo_graders`.", "", *gate_table(root), "", "## Verdicts", ""]
+  text = results_head("mimo_graders", root)
   text += [f"- **{h}**: {v}" for h, v in verdicts(runs, seeds).items()]
   text += ["", f"## Arms (seed mean, min-max; training-side columns: the last {WINDOW} iterations)", "",
            "| arm | seeds | held-out pass, start | held-out pass, end | sampled pass | solution score | "
            "length (correct) | audit resets |", "|---|---|---|---|---|---|---|---|"]
-  for arm in ARMS:
-    rs = runs.get(arm, {})
-    if not rs:
-      continue
-    cell = {k: spread([r[k] for r in rs.values()]) for k in ("start", "end", "pass", "quality", "audit")}
-    length = spread([r["len_correct"] for r in rs.values()], "{:.1f}")
-    text.append(f"| {arm} | {len(rs)} | {cell['start']} | {cell['end']} | {cell['pass']} | {cell['quality']} | "
-                f"{length} | {cell['audit']} |")
+  text += arm_rows(runs, ARMS, [(k, "{:.3f}") for k in ("start", "end", "pass", "quality")]
+                   + [("len_correct", "{:.1f}"), ("audit", "{:.3f}")])
   text += changes_lines(root)
   return "\n".join(text) + "\n"
 

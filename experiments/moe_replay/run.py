@@ -12,7 +12,6 @@ import math
 import os
 import sys
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -21,7 +20,7 @@ from benchmarks._common import commit  # noqa: E402
 from configs.moe_replay import ARMS, GATE_STEPS, STEPS  # noqa: E402
 from configs.trace_fp4 import EVAL_EVERY  # noqa: E402
 from experiments.driver import launch, use_compilation_cache  # noqa: E402
-from experiments.gate import budget_projection, check, gate_then_arms, parse_driver_args, pooled_rows  # noqa: E402
+from experiments.gate import budget_projection, check, gate_then_arms, parse_driver_args, pooled_means  # noqa: E402
 
 CONFIG = "configs/moe_replay.py"
 TAG = "moe_replay"
@@ -39,12 +38,8 @@ def gate_paths(root: str) -> list:
 
 
 def gate_measure(paths) -> dict:
-  """The frozen runs' mean flip rate (moe/flip_rate) and the median iteration seconds (each run's first left
-  out)."""
-  train, _, later = pooled_rows(paths)
-  values = [r["moe/flip_rate"] for r in train if "moe/flip_rate" in r]
-  return {"flip_rate": float(np.mean(values)) if values else math.nan, "iterations": len(train),
-          "iteration_s": float(np.median(later)) if later else math.nan}
+  """The frozen runs' mean flip rate (moe/flip_rate) and the median iteration seconds (`pooled_means`)."""
+  return pooled_means(paths, {"flip_rate": "moe/flip_rate"})
 
 
 def gate_checks(measured: dict) -> list:

@@ -13,10 +13,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from configs.moe_replay import ARMS  # noqa: E402
-from experiments.driver import changes_lines, commits, load_runs, spread, write_results  # noqa: E402
-from experiments.gate import gate_table, parse_summary_args  # noqa: E402
+from experiments.driver import arm_rows, changes_lines, load_runs, write_results  # noqa: E402
+from experiments.gate import parse_summary_args, results_head  # noqa: E402
 
-README = "experiments/moe_replay/README.md"
 EDGE = 10                  # first/last iterations (H3, H4)
 REWARD_WINDOW = 20         # H4's last-20 reward
 GAP_RATIO = 0.5            # H1
@@ -68,24 +67,14 @@ def verdicts(runs: dict, seeds) -> dict:
 
 def render(root: str, seeds) -> str:
   runs = load_runs(root, ARMS, seeds, load)
-  pre, ran, minutes, n = commits(root, README)
-  text = ["# moe_replay: results", "",
-          f"Pre-registration `{pre}`; runs at {ran}; {n} commands, {minutes:.0f} wall minutes. Regenerate: "
-          "`python experiments/moe_replay/summarize.py --root=experiments/moe_replay/runs --out=experiments/moe_replay`.",
-          "", *gate_table(root), "", "## Verdicts", ""]
+  text = results_head("moe_replay", root)
   text += [f"- **{h}**: {v}" for h, v in verdicts(runs, seeds).items()]
   text += ["", f"## Arms (seed mean, min-max; |dlogp| and flip rate over training, cold experts the last {EDGE}, "
            f"reward the last {REWARD_WINDOW} iterations)", "",
            "| arm | seeds | mean dlogp | flip rate | load CV change | cold experts | reward | final accuracy |",
            "|---|---|---|---|---|---|---|---|"]
-  for arm in ARMS:
-    rs = runs.get(arm, {})
-    if not rs:
-      continue
-    cell = {k: spread([r[k] for r in rs.values()], "{:.4f}") for k in ("dlogp", "flip", "cv_change", "cold")}
-    cell.update({k: spread([r[k] for r in rs.values()]) for k in ("reward", "final")})
-    text.append(f"| {arm} | {len(rs)} | {cell['dlogp']} | {cell['flip']} | {cell['cv_change']} | {cell['cold']} "
-                f"| {cell['reward']} | {cell['final']} |")
+  text += arm_rows(runs, ARMS, [(k, "{:.4f}") for k in ("dlogp", "flip", "cv_change", "cold")]
+                   + [("reward", "{:.3f}"), ("final", "{:.3f}")])
   text += changes_lines(root)
   return "\n".join(text) + "\n"
 

@@ -31,7 +31,6 @@ import math
 import os
 import sys
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -40,7 +39,7 @@ from benchmarks._common import commit  # noqa: E402
 from configs.slca_grpo import ARMS, BUDGET_MINUTES, EVAL_EVERY, GATE, STEPS, WINDOW  # noqa: E402
 from experiments.driver import finished, launch, use_compilation_cache  # noqa: E402,F401  (tests patch launch)
 from experiments.gate import (BUDGET_EXCEEDED, GATE_FAILED, budget_projection, check, gate_then_arms,  # noqa: E402,F401
-                              parse_driver_args, pooled_rows, record_gate)
+                              parse_driver_args, pooled_means, record_gate)
 from experiments.slca_grpo.summarize import ARCHIVE_KEYS, CALL, SUMMARY_RULE  # noqa: E402
 
 CONFIG = "configs/slca_grpo.py"
@@ -60,15 +59,9 @@ def gate_measure(paths) -> dict:
   the base, frozen): mean call accuracy (reward/execution), summary rule rate (reward/summary_rule), the judge's
   score, penalty and informative groups; the base's held-out greedy call accuracy (its start evaluations); the
   median seconds of an iteration, each run's first (which compiles) left out. NaN where no run logged it."""
-  train, starts, later = pooled_rows(paths)
-
-  def mean(key):
-    values = [r[key] for r in train if key in r]
-    return float(np.mean(values)) if values else math.nan
-  return {"call_accuracy": mean(CALL), "summary_rule": mean(SUMMARY_RULE), "judge_score": mean("reward/summary"),
-          "penalty": mean("reward/penalty"), "informative_groups": mean("informative_groups"),
-          "iterations": len(train), "base_eval_accuracy": float(np.mean(starts)) if starts else math.nan,
-          "iteration_s": float(np.median(later)) if later else math.nan}
+  return pooled_means(paths, {"call_accuracy": CALL, "summary_rule": SUMMARY_RULE, "judge_score": "reward/summary",
+                              "penalty": "reward/penalty", "informative_groups": "informative_groups"},
+                      start="base_eval_accuracy")
 
 
 def gate_checks(measured: dict) -> list:

@@ -12,7 +12,6 @@ import math
 import os
 import sys
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -20,7 +19,7 @@ sys.path.insert(0, ROOT)
 from benchmarks._common import commit  # noqa: E402
 from configs.trace_fp4 import ARMS, EVAL_EVERY, GATE_STEPS, STEPS  # noqa: E402
 from experiments.driver import launch, use_compilation_cache  # noqa: E402
-from experiments.gate import budget_projection, check, gate_then_arms, parse_driver_args, pooled_rows  # noqa: E402
+from experiments.gate import budget_projection, check, gate_then_arms, parse_driver_args, pooled_means  # noqa: E402
 
 CONFIG = "configs/trace_fp4.py"
 TAG = "trace_fp4"
@@ -40,12 +39,8 @@ def gate_paths(root: str) -> list:
 
 def gate_measure(paths) -> dict:
   """The frozen runs' mean full-code mismatch (moe/codeword_mismatch), their start accuracy and the median
-  iteration seconds (each run's first left out)."""
-  train, starts, later = pooled_rows(paths)
-  values = [r["moe/codeword_mismatch"] for r in train if "moe/codeword_mismatch" in r]
-  return {"mismatch": float(np.mean(values)) if values else math.nan, "iterations": len(train),
-          "start_accuracy": float(np.mean(starts)) if starts else math.nan,
-          "iteration_s": float(np.median(later)) if later else math.nan}
+  iteration seconds (`pooled_means`)."""
+  return pooled_means(paths, {"mismatch": "moe/codeword_mismatch"})
 
 
 def gate_checks(measured: dict) -> list:

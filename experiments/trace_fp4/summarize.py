@@ -13,10 +13,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from configs.trace_fp4 import ARMS  # noqa: E402
-from experiments.driver import changes_lines, commits, load_runs, spread, write_results  # noqa: E402
-from experiments.gate import gate_table, parse_summary_args  # noqa: E402
+from experiments.driver import arm_rows, changes_lines, load_runs, write_results  # noqa: E402
+from experiments.gate import parse_summary_args, results_head  # noqa: E402
 
-README = "experiments/trace_fp4/README.md"
 WINDOW = 20                # H3: the last iterations' mean reward
 MISMATCH_RATIO = 0.05      # H1
 LOGP_RATIO = 0.25          # H2
@@ -72,24 +71,14 @@ def verdicts(runs: dict, seeds) -> dict:
 
 def render(root: str, seeds) -> str:
   runs = load_runs(root, ARMS, seeds, load)
-  pre, ran, minutes, n = commits(root, README)
-  text = ["# trace_fp4: results", "",
-          f"Pre-registration `{pre}`; runs at {ran}; {n} commands, {minutes:.0f} wall minutes. Regenerate: "
-          "`python experiments/trace_fp4/summarize.py --root=experiments/trace_fp4/runs --out=experiments/trace_fp4`.",
-          "", *gate_table(root), "", "## Verdicts", ""]
+  text = results_head("trace_fp4", root)
   text += [f"- **{h}**: {v}" for h, v in verdicts(runs, seeds).items()]
   text += ["", "## Arms (seed mean, min-max; mismatch and |dlogp|: over training; reward: the last "
            f"{WINDOW} iterations)", "",
            "| arm | seeds | codeword mismatch | mean dlogp | reward | final accuracy | flip rate |",
            "|---|---|---|---|---|---|---|"]
-  for arm in ARMS:
-    rs = runs.get(arm, {})
-    if not rs:
-      continue
-    cell = {k: spread([r[k] for r in rs.values()], "{:.4f}") for k in ("mismatch", "dlogp", "flip")}
-    cell.update({k: spread([r[k] for r in rs.values()]) for k in ("reward", "final")})
-    text.append(f"| {arm} | {len(rs)} | {cell['mismatch']} | {cell['dlogp']} | {cell['reward']} | {cell['final']} "
-                f"| {cell['flip']} |")
+  text += arm_rows(runs, ARMS, [("mismatch", "{:.4f}"), ("dlogp", "{:.4f}"), ("reward", "{:.3f}"),
+                                ("final", "{:.3f}"), ("flip", "{:.4f}")])
   text += changes_lines(root)
   return "\n".join(text) + "\n"
 
