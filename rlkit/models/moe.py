@@ -73,9 +73,10 @@ class MoE(nn.Module):
   rounded to nearest otherwise; the stacked expert weights too, unless they already are a quantized copy (the
   sampler's, `rl.sync.quantizer`). The third output then records every quantized value's E2M1 code and block
   scales ({trace_x_codes [B, T, D] uint8, trace_x_scales [B, T, D/B], trace_h_codes [B, T, k, F], trace_h_scales}),
-  which the sampler keeps with the rollout: TRACE's hint is each code's least significant bit (the paper stores
-  only that bit; a whole code per byte here costs the same unpacked, and lets the trainer measure its full-code
-  mismatch with the rollout)."""
+  which the sampler keeps with the rollout: TRACE's hint is each code's least significant bit. With
+  `cfg.trace_record='bits'` the record keeps only those bits, packed (trace_x_bits [B, T, D/8], trace_h_bits
+  [B, T, k, F/8]: the paper's payload, 1/8 of the codes'); whole codes let the trainer measure its full-code
+  mismatch with the rollout (rlkit/quant/trace.py)."""
   cfg: "TransformerConfig"  # noqa: F821 (rlkit.models.transformer; a string to avoid the import cycle)
 
   @nn.compact
@@ -114,8 +115,10 @@ class MoE(nn.Module):
     if fmt:
       h, h_codes, h_scales = trace.fake_quant(h, fmt, h_hint)
       unsort = lambda a: jnp.zeros_like(a).at[order].set(a).reshape((b, t, k) + a.shape[1:])   # noqa: E731
-      record = {"trace_x_codes": x_codes.reshape(b, t, d), "trace_x_scales": x_scales.reshape(b, t, -1),
-                "trace_h_codes": unsort(h_codes), "trace_h_scales": unsort(h_scales)}
+      kind = cfg.trace_record
+      record = {f"trace_{point}_{n}": a for point, codes, scales in (
+          ("x", x_codes.reshape(b, t, d), x_scales.reshape(b, t, -1)), ("h", unsort(h_codes), unsort(h_scales)))
+          for n, a in trace.record(codes, scales, kind).items()}
     y = expert_matmul(h, w_down.astype(dt), group_sizes)
     y = y * weights.reshape(-1)[order][:, None]
     out = jnp.zeros((b * t, d), jnp.float32).at[tok].add(y)
@@ -123,7 +126,8 @@ class MoE(nn.Module):
 
 
 def _hint(hints: dict, point: str) -> trace.Hint:
-  return trace.hint_of(hints[f"trace_{point}_codes"], hints[f"trace_{point}_scales"])
+  prefix = f"trace_{point}_"
+  return trace.hint_from({n[len(prefix):]: a for n, a in hints.items() if n.startswith(prefix)})
 
 
 def _rows(hint: trace.Hint, n: int) -> trace.Hint:

@@ -20,6 +20,11 @@ full-size copies in the train step.
 Positions are explicit: with left-padded prompts, `positions = cumsum(mask) - 1`, so padded and unpadded
 prompts give the same logits on real tokens. `Transformer.__call__(tokens)` returns logits `[B, T, V]`;
 `Transformer.forward` is the full interface (cache, routing replay, hidden states).
+
+Low precision (the rollout's levers, methods/systems.md §1): the decode cache holds keys and values in
+`kv_cache_dtype` (default the compute dtype; a float8 cache halves a bf16 one, saturating, with unit scales as
+vLLM's default fp8 cache), and the MoE experts compute on FP4 values with `expert_quant` (every MoE layer, or
+those of `expert_quant_layers`; rlkit/models/moe.py).
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ from rlkit.parallel.rules import constrain_batch
 Array = jax.Array
 
 ATTENTION_IMPLS = ("xla", "cpu_kernel")
+KV_CACHE_DTYPES = ("", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+EXPERT_QUANTS = ("", "nvfp4", "mxfp4")
+TRACE_RECORDS = ("codes", "bits")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +75,11 @@ class TransformerConfig:
   decoder_sparse_step: int = 1
   mlp_only_layers: tuple[int, ...] = ()
   expert_quant: str = ""          # "", "nvfp4" or "mxfp4": MoE experts on FP4 values (rlkit/models/moe.py, TRACE)
+  expert_quant_layers: tuple[int, ...] = ()   # the MoE layers (decoder indices) expert_quant applies to; (): all
+  trace_record: str = "codes"     # what the FP4 experts record for TRACE: "codes" (whole E2M1 codes, a byte each)
+                                  # or "bits" (the paper's hint: each code's LSB, 8 to a byte)
+  kv_cache_dtype: str = ""        # the decode cache's dtype: "" (dtype), float32, bfloat16, float8_e4m3fn or
+                                  # float8_e5m2 (saturating cast, no scale); training forwards have no cache
   param_dtype: str = "float32"
   dtype: str = "float32"          # compute dtype of activations and matmul inputs
   # Self-attention over whole sequences (training, scoring): "xla" (`attention.attend`) or "cpu_kernel"
@@ -81,8 +94,16 @@ class TransformerConfig:
       raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts="
                        f"{self.num_experts}] for a MoE model.")
     as_dtype(self.param_dtype), as_dtype(self.dtype)
-    if self.expert_quant not in ("", "nvfp4", "mxfp4"):
+    if self.expert_quant not in EXPERT_QUANTS:
       raise ValueError(f"expert_quant={self.expert_quant!r}: use '' (off), 'nvfp4' or 'mxfp4'.")
+    bad = [i for i in self.expert_quant_layers if not 0 <= i < self.num_layers]
+    if bad:
+      raise ValueError(f"expert_quant_layers={tuple(self.expert_quant_layers)} names layers {bad} outside "
+                       f"[0, {self.num_layers}); list decoder layer indices, or () for every MoE layer.")
+    if self.trace_record not in TRACE_RECORDS:
+      raise ValueError(f"trace_record={self.trace_record!r}: use 'codes' or 'bits'.")
+    if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+      raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}: use one of {', '.join(map(repr, KV_CACHE_DTYPES))}.")
     if self.attention not in ATTENTION_IMPLS:
       raise ValueError(f"Unknown attention={self.attention!r}; use one of {list(ATTENTION_IMPLS)}.")
     if self.attention == "cpu_kernel" and self.head_dim % 32:
@@ -100,6 +121,12 @@ class TransformerConfig:
   @property
   def moe_layers(self) -> tuple[int, ...]:
     return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+  def layer_config(self, i: int) -> "TransformerConfig":
+    """Decoder layer i's config: without expert_quant where `expert_quant_layers` leaves it out."""
+    if self.expert_quant and self.expert_quant_layers and i not in self.expert_quant_layers:
+      return self.replace(expert_quant="")
+    return self
 
   def replace(self, **kw) -> "TransformerConfig":
     return dataclasses.replace(self, **kw)
@@ -121,7 +148,7 @@ class KVCache:
 def init_cache(cfg: TransformerConfig, batch: int, max_len: int) -> KVCache:
   kshape = (batch, cfg.num_kv_heads, cfg.head_dim, max_len)
   vshape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
-  dt = as_dtype(cfg.dtype)
+  dt = jnp.dtype(cfg.kv_cache_dtype) if cfg.kv_cache_dtype else as_dtype(cfg.dtype)
   layers = lambda shape: tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers))  # noqa: E731
   return KVCache(keys=layers(kshape), values=layers(vshape), slot_mask=jnp.zeros((batch, max_len), bool),
                  index=jnp.zeros((), jnp.int32))
@@ -135,7 +162,17 @@ class ModelOutput:
   routed_experts: Optional[Array] = None   # [B, T, L_moe, k] int32 (MoE only)
   routed_weights: Optional[Array] = None   # [B, T, L_moe, k] float32 combine weights (MoE only)
   router_probs: Optional[Array] = None     # [B, T, L_moe, E] float32 router softmax (MoE only)
-  trace: Optional[dict] = None             # MoE with expert_quant: the TRACE hints, {name: [B, T, L_moe, ...]}
+  trace: Optional[dict] = None             # MoE with expert_quant: the TRACE hints, {name: [B, T, L_fp4, ...]}
+                                           # (L_fp4: the MoE layers expert_quant applies to)
+
+
+def to_cache(x: Array, dtype) -> Array:
+  """x in the cache's dtype; into a float8 cache saturating at its largest finite value (a plain cast would
+  make NaN of what overflows float8_e4m3fn), as vLLM's fp8 cache with unit scales."""
+  if jnp.dtype(dtype).itemsize == 1:
+    top = float(jnp.finfo(dtype).max)
+    x = jnp.clip(x.astype(jnp.float32), -top, top)
+  return x.astype(dtype)
 
 
 def _cached_attention(q: Array, k: Array, v: Array, allowed: Array, cache_kv, dt) -> tuple[Array, tuple]:
@@ -147,9 +184,9 @@ def _cached_attention(q: Array, k: Array, v: Array, allowed: Array, cache_kv, dt
   # matmuls then stream the cache along its minor axis. With keys as [B, KV, S, hd] the decode step's
   # q.k^T reduces over the 32-64 wide minor axis, which XLA:CPU ran 2x (S = 80) to 20x (S = 576) slower.
   k_cache, v_cache, index = cache_kv
-  k = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, index))
+  k = jax.lax.dynamic_update_slice(k_cache, to_cache(k.transpose(0, 2, 3, 1), k_cache.dtype), (0, 0, 0, index))
   scores = jnp.einsum("bkqh,bkhs->bkqs", qh, k.astype(dt), preferred_element_type=jnp.float32)
-  v = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, index, 0))
+  v = jax.lax.dynamic_update_slice(v_cache, to_cache(v.transpose(0, 2, 1, 3), v_cache.dtype), (0, 0, index, 0))
   probs = masked_probs(scores, allowed, g, hd)
   out = jnp.einsum("bkqs,bksh->bkqh", probs.astype(dt), v.astype(dt), preferred_element_type=jnp.float32)
   return out.reshape(b, kvh, t, g * hd).transpose(0, 2, 1, 3).reshape(b, t, kvh * g * hd), (k, v)
@@ -255,7 +292,8 @@ class Transformer(nn.Module):
     cfg = self.cfg
     pdt = as_dtype(cfg.param_dtype)
     self.embedding = self.param("embedding", init_weight, (cfg.vocab_size, cfg.hidden_size), pdt)
-    self.layers = [DecoderLayer(cfg, cfg.is_moe_layer(i), name=f"layers_{i}") for i in range(cfg.num_layers)]
+    self.layers = [DecoderLayer(cfg.layer_config(i), cfg.is_moe_layer(i), name=f"layers_{i}")
+                   for i in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg.rms_norm_eps, as_dtype(cfg.dtype), pdt, name="final_norm")
     if not cfg.tie_word_embeddings:
       self.lm_head = kernel_param(self, "lm_head", init_weight, (cfg.hidden_size, cfg.vocab_size), pdt)
@@ -280,8 +318,9 @@ class Transformer(nn.Module):
         to every earlier real slot.
       routed_experts: [B, T, L_moe, k] expert indices to replay instead of routing (MoE only).
       routed_weights: [B, T, L_moe, k] combine weights to replay with them (rlkit/models/moe.py).
-      trace_hints: {trace_x_codes, trace_x_scales, trace_h_codes, trace_h_scales: [B, T, L_moe, ...]}, the
-        rollout's FP4 codes and scales that guide the experts' rounding (`expert_quant`; rlkit/quant/trace.py).
+      trace_hints: {trace_x_codes, trace_x_scales, trace_h_codes, trace_h_scales: [B, T, L_fp4, ...]} (or
+        trace_*_bits for `trace_record='bits'`), the rollout's FP4 record that guides the experts' rounding
+        (`expert_quant`, over its `expert_quant_layers`; rlkit/quant/trace.py).
       logits: "all" (LM head at every position), "last" (only the last position, as `[B, 1, V]`: prefill
         needs nothing else) or "none" (hidden states only, e.g. for value heads).
       rope_cs: optional `rope_tables(positions, ...)`, precomputed by a caller that runs many steps (the
@@ -315,18 +354,20 @@ class Transformer(nn.Module):
     new_k, new_v, routings, records = [], [], [], []
     for i, layer in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.keys[i], cache.values[i], index)
-      j = len(routings)
+      j, q = len(routings), len(records)        # this layer's index among the MoE / the FP4-expert layers
       given = {}
       if layer.moe:
-        at = lambda a: None if a is None else a[:, :, j]          # noqa: E731 (this MoE layer's slice)
-        given = dict(given_idx=at(routed_experts), given_weights=at(routed_weights),
-                     hints=None if trace_hints is None else {n: at(a) for n, a in trace_hints.items()})
+        at = lambda a, j: None if a is None else a[:, :, j]       # noqa: E731 (this layer's slice)
+        given = dict(given_idx=at(routed_experts, j), given_weights=at(routed_weights, j),
+                     hints=None if trace_hints is None or not layer.cfg.expert_quant
+                     else {n: at(a, q) for n, a in trace_hints.items()})
       h, kv, routing, record = layer(h, rope_cs, key_mask, q_slots, cache_kv, given, tree_mask, attention_mask)
       h = constrain_batch(h)
       if kv is not None:
         new_k.append(kv[0]), new_v.append(kv[1])
       if routing is not None:
         routings.append(routing)
+      if record is not None:
         records.append(record)
     h = self.final_norm(h)
     if logits not in ("all", "last", "none"):
@@ -348,7 +389,7 @@ class Transformer(nn.Module):
       moe = {name: jnp.stack([getattr(r, field) for r in routings], axis=2)
              for name, field in (("routed_experts", "experts"), ("routed_weights", "weights"),
                                  ("router_probs", "probs"))}
-    if records and records[0] is not None:
+    if records:
       moe["trace"] = {n: jnp.stack([r[n] for r in records], axis=2) for n in records[0]}
     return ModelOutput(logits=out_logits, hidden=h, cache=new_cache, **moe)
 

@@ -91,11 +91,24 @@ def cast(x: Array, dtype: str) -> Array:
   return x.astype(jnp.dtype(dtype)) if dtype and jnp.issubdtype(x.dtype, jnp.floating) else x
 
 
-def export(params: Any, quantizer: str, dtype: str) -> Any:
-  """The sampler's representation of `params` (module docstring); pure, so jit it (rlkit.sync.export_params)."""
+def layer_index(path) -> Optional[int]:
+  """The decoder layer a leaf at `path` belongs to (its `layers_<i>` key), None outside the layers."""
+  for key in path_str(path).split("/"):
+    if key.startswith("layers_") and key[7:].isdigit():
+      return int(key[7:])
+  return None
+
+
+def export(params: Any, quantizer: str, dtype: str, layers: tuple = ()) -> Any:
+  """The sampler's representation of `params` (module docstring); pure, so jit it (rlkit.sync.export_params).
+  `layers`: the decoder layers whose kernels the quantizer converts (`sync.quant_layers`; () every layer); the
+  other layers' kernels are cast like any floating leaf. Leaves outside the layers (an untied lm_head) follow
+  the quantizer either way."""
   kernel, experts = QUANTIZERS.get(quantizer)
 
   def one(path, x):
+    if layers and layer_index(path) is not None and layer_index(path) not in layers:
+      return cast(x, dtype)
     if experts is not None and tuple(path_str(path).split("/")[-2:]) in EXPERT_KERNELS and x.ndim == 3:
       return experts(x, dtype)
     in_axes = kernel_inputs(path) if kernel is not None else 0

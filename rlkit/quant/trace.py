@@ -21,10 +21,14 @@ E4M3 scale per 16 features times a float32 scale per token (the token's amax / (
 per 32 features ('ocp' rule): per-token, not per-tensor, so a token's scales do not depend on which other tokens
 share its batch (a decode step holds one token per row, the trainer's forward the whole sequence).
 
+The record (`record`, `hint_from`): "bits" keeps the paper's payload, the LSBs packed 8 to a byte (`pack_bits`:
+1/8 of a byte per value, plus the scales); "codes" keeps whole E2M1 codes, a byte each, so the trainer can also
+measure the full-code mismatch, which counts the disagreements a one-bit hint cannot see (codes two or more
+steps apart). Both guide the rounding identically.
+
 Metrics (`mismatch`): the fraction of values whose trainer code's LSB differs from the hint: the adjacent-code
 disagreements with the rollout (0 for guided rounding, except where a value saturates at 6 and both brackets
-coincide). The MoE layer records whole codes (rlkit/models/moe.py), so the trainer also reports the full-code
-mismatch, which counts the disagreements a one-bit hint cannot see (codes two or more steps apart).
+coincide).
 """
 from __future__ import annotations
 
@@ -108,6 +112,32 @@ def fake_quant(x: Array, fmt: str, hint: Hint | None = None) -> tuple[Array, Arr
 def hint_of(codes: Array, scales: Array) -> Hint:
   """The hint the rollout records for its codes and scales."""
   return Hint((codes & 1).astype(jnp.uint8), scales.astype(jnp.float32))
+
+
+def pack_bits(codes: Array) -> Array:
+  """The hint's payload: each E2M1 code's least significant bit, 8 to a byte along the last axis (value 8i + j
+  in bit j of byte i; D a multiple of 8, as every FP4 block size is), [..., D / 8] uint8."""
+  bits = (codes & 1).astype(jnp.uint8).reshape(codes.shape[:-1] + (-1, 8))
+  return jnp.sum(bits << jnp.arange(8, dtype=jnp.uint8), axis=-1, dtype=jnp.uint8)
+
+
+def unpack_bits(packed: Array) -> Array:
+  """`pack_bits`'s inverse: [..., D / 8] uint8 -> the bits [..., D] uint8."""
+  bits = (packed[..., None] >> jnp.arange(8, dtype=jnp.uint8)) & 1
+  return bits.reshape(packed.shape[:-1] + (-1,)).astype(jnp.uint8)
+
+
+def record(codes: Array, scales: Array, kind: str) -> dict:
+  """What the rollout keeps of one quantization point: {codes (whole E2M1 codes) or bits (`pack_bits`), scales}
+  (`kind` "codes" or "bits"; the keys without the point's prefix)."""
+  return {kind: codes if kind == "codes" else pack_bits(codes), "scales": scales}
+
+
+def hint_from(rec: dict) -> Hint:
+  """The hint of a `record` (either kind)."""
+  if "bits" in rec:
+    return Hint(unpack_bits(rec["bits"]), rec["scales"].astype(jnp.float32))
+  return hint_of(rec["codes"], rec["scales"])
 
 
 def mismatch(codes: Array, hint: Hint, mask: Array | None = None) -> Array:

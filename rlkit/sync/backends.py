@@ -68,6 +68,8 @@ def sync_defaults() -> ml_collections.ConfigDict:
   #                            bf16 | int8 | fp8 (weight-only, per-channel scales) | mxfp4 | nvfp4 (block-scaled
   #                            FP4, MoE experts and dense kernels) | mxfp4_experts | nvfp4_experts (experts
   #                            only); rlkit/quant/quantizers.py
+  c.quant_layers = ()        # the decoder layers (indices) whose kernels the quantizer converts; (): all. With
+  #                            FP4 experts in training it must equal model.expert_quant_layers
   c.capacity_frac = 0.05     # sparse_delta: a train shard's message holds ceil(frac x shard size) changes;
   #                            a tensor with more goes dense that sync
   c.impl = "auto"            # sparse_delta encode/apply: pallas (kernels/sparse_delta.py: compiled on GPU,
@@ -84,10 +86,12 @@ class SyncConfig:
   capacity_frac: float = 0.05
   impl: str = "auto"
   quantizer: str = "none"
+  quant_layers: tuple = ()
 
   def __post_init__(self):
     SYNC_BACKENDS.check(self.kind, "sync.kind")
     QUANTIZERS.check(self.quantizer, "sync.quantizer")
+    object.__setattr__(self, "quant_layers", tuple(int(i) for i in self.quant_layers))   # hashable: a jit key
     if self.dtype:
       try:
         jnp.dtype(self.dtype)
@@ -163,11 +167,17 @@ def placed_by_arguments(fn):
   return wrapped
 
 
-@functools.partial(jax.jit, static_argnames=("dtype", "quantizer"))
-def export_params(train_params: Any, dtype: str, quantizer: str = "none") -> Any:
-  """The sampler's view of the train params: floating leaves cast to `dtype` (RNE), matmul kernels in the
-  format of `quantizer` (`rlkit.quant.quantizers.export`), on the train shardings."""
-  return quantizers.export(train_params, quantizer, dtype)
+@functools.partial(jax.jit, static_argnames=("dtype", "quantizer", "layers"))
+def export_params(train_params: Any, dtype: str, quantizer: str = "none", layers: tuple = ()) -> Any:
+  """The sampler's view of the train params: floating leaves cast to `dtype` (RNE), matmul kernels (of the
+  decoder `layers`, () all) in the format of `quantizer` (`rlkit.quant.quantizers.export`), on the train
+  shardings."""
+  return quantizers.export(train_params, quantizer, dtype, layers)
+
+
+def export_of(train_params: Any, cfg) -> Any:
+  """`export_params` with a SyncConfig's dtype, quantizer and layers."""
+  return export_params(train_params, cfg.dtype, cfg.quantizer, cfg.quant_layers)
 
 
 def _nbytes(x) -> int:
@@ -261,7 +271,7 @@ def prepare(train_params: Any, state: SyncState, sampler_params: Any, cfg) -> tu
   cfg = sync_config(cfg)
   backend = SYNC_BACKENDS.get(cfg.kind)
   t0 = time.perf_counter()
-  export = export_params(train_params, cfg.dtype, cfg.quantizer)
+  export = export_of(train_params, cfg)
   exports, treedef = jax.tree.flatten(export)
   _targets(treedef, sampler_params, exports)
   baselines = None if state.baseline is None else treedef.flatten_up_to(state.baseline)
@@ -320,7 +330,7 @@ def resync(train_params: Any, sampler_shardings: Any, cfg,
   and on resume, where both sides must start from the same weights. Raises if a tensor fails to verify."""
   cfg = sync_config(cfg)
   backend = SYNC_BACKENDS.get(cfg.kind)
-  export, encode_s = _timed(lambda: export_params(train_params, cfg.dtype, cfg.quantizer))
+  export, encode_s = _timed(lambda: export_of(train_params, cfg))
   exports, treedef = jax.tree.flatten(export)
   targets = treedef.flatten_up_to(sampler_shardings)
   sent = [shards.tensor_checksum(*s) for s in shards.checksums_of(exports)]

@@ -38,7 +38,13 @@ def model_defaults() -> ml_collections.ConfigDict:
   c.upcycle_noise = 0.0         # experts perturbed by this x N(0, 1) x each kernel's RMS (0: exact copies)
   c.expert_quant = ""           # MoE experts on FP4 values: "" | nvfp4 | mxfp4 (weights and activations fake-
                                 # quantized in training, activations in the sampler; rl.moe.trace; a loaded
-                                # model takes it too)
+                                # model takes it and the three fields below too)
+  c.expert_quant_layers = ()    # the MoE layers (decoder indices) expert_quant applies to; (): every MoE layer
+                                # (rl.sync.quant_layers must name the same for the sampler's FP4 copy)
+  c.trace_record = "codes"      # the rollout's FP4 record: codes (whole E2M1 codes, moe/codeword_mismatch) |
+                                # bits (TRACE's hint, the codes' LSBs 8 to a byte: 1/8 the payload, moe/hint_mismatch)
+  c.kv_cache_dtype = ""         # the sampler's KV cache: "" (= dtype) | float32 | bfloat16 | float8_e4m3fn |
+                                # float8_e5m2 (saturating, no scales: half a bf16 cache's memory)
   c.param_dtype = "float32"     # parameter (master weight) dtype
   c.dtype = "float32"           # compute dtype: float32 | bfloat16
   c.attention = "xla"           # training/scoring attention: xla | cpu_kernel (C++ kernel for XLA:CPU, g++)

@@ -17,7 +17,7 @@ from rlkit.core.sections import section_roles, section_trains
 from rlkit.data.tasks import TASKS, make_task
 from rlkit.models.lora import check_run as check_lora
 from rlkit.models.tokenizer import TOKENIZERS
-from rlkit.models.transformer import ATTENTION_IMPLS
+from rlkit.models.transformer import ATTENTION_IMPLS, EXPERT_QUANTS, KV_CACHE_DTYPES, TRACE_RECORDS
 from rlkit.optim.optimizers import check as check_optimizer
 from rlkit.rewards import REWARDS
 from rlkit.train.catalog import STAGES
@@ -182,6 +182,32 @@ def _check_models(config) -> None:
                         f"models.{role}.trainable=True.")
 
 
+def _check_numerics(config) -> None:
+  """The model's low-precision fields (TransformerConfig checks them again when it builds), and the stages'
+  settings that must agree with them: TRACE needs FP4 experts, and the sampler's FP4 copy must quantize the
+  layers the trainer does."""
+  model = config.model
+  for key, choices in (("expert_quant", EXPERT_QUANTS), ("trace_record", TRACE_RECORDS),
+                       ("kv_cache_dtype", KV_CACHE_DTYPES)):
+    if model[key] not in choices:
+      raise ConfigError(f"model.{key}={model[key]!r}; choose one of {', '.join(map(repr, choices))}.")
+  layers = tuple(model.expert_quant_layers)
+  if not all(isinstance(i, int) and i >= 0 for i in layers):
+    raise ConfigError(f"model.expert_quant_layers={layers} must list decoder layer indices (ints >= 0), or be () "
+                      "for every MoE layer.")
+  for name in config.stages:
+    section = config[name]
+    if section.get("moe", {}).get("trace", False) and not model.expert_quant:
+      raise ConfigError(f"{name}.moe.trace=True rounds the FP4 experts as the rollout did, but model.expert_quant "
+                        f"is ''; set model.expert_quant (nvfp4 or mxfp4), or {name}.moe.trace=False.")
+    sync = section.get("sync")
+    if (model.expert_quant and sync is not None and sync.get("quantizer", "none") != "none"
+        and tuple(sync.get("quant_layers", ())) != layers):
+      raise ConfigError(f"{name}.sync.quant_layers={tuple(sync.quant_layers)} differs from model.expert_quant_layers="
+                        f"{layers}: the sampler's FP4 copy and the trainer's FP4 experts must cover the same layers; "
+                        f"set both to the same indices (() for every layer).")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError on the first problem; reads a JSONL task's file but writes nothing, starts no device."""
 
@@ -243,6 +269,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if config.model.attention == "cpu_kernel" and not config.model.path and config.model.head_dim % 32:
       raise ConfigError(f"model.attention='cpu_kernel' needs model.head_dim % 32 == 0 (got "
                         f"{config.model.head_dim}); use model.attention='xla'.")
+    _check_numerics(config)
   _check_models(config)
   try:
     check_lora(config)

@@ -103,8 +103,18 @@ def transformer_config(section, vocab_size: int) -> TransformerConfig:
       head_dim=section.head_dim, rope_theta=section.rope_theta, rms_norm_eps=section.rms_norm_eps,
       tie_word_embeddings=section.tie_word_embeddings, num_experts=section.num_experts,
       num_experts_per_tok=section.num_experts_per_tok, moe_intermediate_size=section.moe_intermediate_size,
-      param_dtype=section.param_dtype, dtype=section.dtype, attention=section.attention,
-      expert_quant=section.get("expert_quant", ""))
+      param_dtype=section.param_dtype, dtype=section.dtype, attention=section.attention, **numerics(section))
+
+
+NUMERICS = {"expert_quant": "", "expert_quant_layers": (), "trace_record": "codes", "kv_cache_dtype": ""}
+
+
+def numerics(section) -> dict:
+  """The low-precision fields of a model section (TransformerConfig's names; a loaded checkpoint takes them
+  too): FP4 experts, their layers and TRACE record, the decode cache's dtype."""
+  out = {key: section.get(key, default) for key, default in NUMERICS.items()}
+  out["expert_quant_layers"] = tuple(out["expert_quant_layers"])
+  return out
 
 
 def model_spec(cfg: TransformerConfig, tokenizer: Mapping[str, str]) -> dict:
@@ -327,8 +337,8 @@ def _build_source(section, tokenizer: Tokenizer, key: jax.Array, mesh, where: st
   if section.path:
     module, params, own, source = _load(section.path, section.dtype, section.param_dtype, section.attention,
                                         mesh)
-    if section.get("expert_quant", ""):
-      module = Transformer(module.cfg.replace(expert_quant=section.expert_quant))
+    if numerics(section) != {key: getattr(module.cfg, key) for key in NUMERICS}:
+      module = Transformer(module.cfg.replace(**numerics(section)))
     user = (own if use_own else None) or tokenizer
     if module.cfg.vocab_size < user.vocab_size:
       raise ValueError(f"{where}.path={section.path!r} has vocab_size={module.cfg.vocab_size}, smaller than "

@@ -40,6 +40,7 @@ from rlkit.core.types import TrainBatch
 from rlkit.models.transformer import Transformer
 from rlkit.rollout.sampler import SamplingConfig
 from rlkit.models.moe import Routing, flip_rate, load_balancing_loss, load_stats
+from rlkit.quant.trace import unpack_bits
 from rlkit.rollout.scoring import processed_token_logprobs, replayed, response_forward
 
 Array = jax.Array
@@ -87,25 +88,30 @@ def moe_stats(out, mb: TrainBatch, aux_coef: float) -> dict:
   """An MoE forward's aux (module docstring): `loss` = aux_coef x the load-balancing loss over the attended
   tokens, and `metrics` moe/{aux_loss, load_cv, peak_load, cold_fraction} plus moe/flip_rate, the share of
   (token, layer) pairs whose chosen experts differ from the sampler's (`extras["routed_experts"]`, when the
-  rollout recorded them; 0 under routing replay). rlkit/models/moe.py defines each."""
+  rollout recorded them; 0 under routing replay), and with FP4 experts (`model.expert_quant`) their code
+  mismatch with the rollout's record (`trace_mismatch`). rlkit/models/moe.py defines each."""
   mask = mb.attention_mask[..., None]                    # [N, P+R, 1]: every MoE layer
   lb = load_balancing_loss(Routing(out.routed_experts, out.routed_weights, out.router_probs), mask)
   metrics = {"moe/aux_loss": lb, **{f"moe/{k}": v for k, v in load_stats(out.routed_experts,
                                                                            out.router_probs.shape[-1], mask).items()}}
   if "routed_experts" in mb.extras:
     metrics["moe/flip_rate"] = flip_rate(out.routed_experts, mb.extras["routed_experts"], mask)
-  if out.trace is not None and "trace_x_codes" in mb.extras:    # the trainer's FP4 codes vs the rollout's
-    metrics["moe/codeword_mismatch"] = trace_mismatch(out.trace, mb.extras, mask)
+  for kind, name in (("codes", "codeword_mismatch"), ("bits", "hint_mismatch")):   # trainer's FP4 vs rollout's
+    if out.trace is not None and f"trace_x_{kind}" in mb.extras:
+      metrics[f"moe/{name}"] = trace_mismatch(out.trace, mb.extras, mask, kind)
   return {"loss": aux_coef * lb, "metrics": metrics}
 
 
-def trace_mismatch(train: dict, rollout: dict, mask: Array) -> Array:
-  """The fraction of the MoE experts' FP4 values (inputs and down-projection inputs, every MoE layer, attended
-  tokens) whose E2M1 code differs between the trainer's forward and the rollout's record (rlkit/quant/trace.py;
-  with TRACE only the disagreements of non-adjacent codes can remain)."""
+def trace_mismatch(train: dict, rollout: dict, mask: Array, kind: str = "codes") -> Array:
+  """The fraction of the MoE experts' FP4 values (inputs and down-projection inputs, every FP4 MoE layer,
+  attended tokens) whose E2M1 code ("codes": moe/codeword_mismatch) or whose code's LSB ("bits", the record of
+  `trace_record='bits'`: moe/hint_mismatch) differs between the trainer's forward and the rollout's record
+  (rlkit/quant/trace.py; with TRACE only the disagreements of non-adjacent codes can remain, and no LSB one)."""
   total = count = 0.0
   for point in ("x", "h"):
-    ours, theirs = train[f"trace_{point}_codes"], rollout[f"trace_{point}_codes"]
+    ours, theirs = train[f"trace_{point}_{kind}"], rollout[f"trace_{point}_{kind}"]
+    if kind == "bits":
+      ours, theirs = unpack_bits(ours), unpack_bits(theirs)
     m = mask.reshape(mask.shape + (1,) * (ours.ndim - mask.ndim))
     differ = (ours != theirs) & m
     total, count = total + differ.sum(), count + jnp.broadcast_to(m, ours.shape).sum()

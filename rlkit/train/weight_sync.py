@@ -53,7 +53,7 @@ from rlkit.models.transformer import Transformer
 from rlkit.parallel.mesh import AXES, make_mesh
 from rlkit.parallel.rules import param_shardings, shard_batch
 from rlkit.quant.quantizers import export_shardings
-from rlkit.sync import (SYNC_BACKENDS, SyncConfig, SyncState, export_params, placed_by_arguments, resync, sync_config,
+from rlkit.sync import (SYNC_BACKENDS, SyncConfig, SyncState, export_of, placed_by_arguments, resync, sync_config,
                         sync_defaults, sync_params)
 from rlkit.train.checkpoint import TRANSIENT
 
@@ -178,8 +178,7 @@ def build(section, train_params, model, lora, compute_dtype: str = "", where: st
   source = view(train_params)
   # The rules see the master's paths and shapes; a quantized kernel's parts follow their kernel's layout.
   kernels = jax.tree.map(lambda x: x.sharding, source) if mesh is None else param_shardings(source, mesh)
-  shardings = export_shardings(kernels, jax.eval_shape(lambda p: export_params(p, cfg.dtype, cfg.quantizer),
-                                                       source))
+  shardings = export_shardings(kernels, jax.eval_shape(lambda p: export_of(p, cfg), source))
   return SamplerSync(cfg, bool(section.verify_dense), sampler_module(model, cfg.dtype, compute_dtype),
                      shardings, mesh, view)
 
@@ -241,9 +240,7 @@ def update(sync: SamplerSync, copy: Optional[SamplerCopy], train_params) -> tupl
   metrics = {f"sync/{k}": float(stats[k]) for k in LOGGED if k in stats}
   if sync.verify_dense:
     t0 = time.perf_counter()
-    dense = jax.block_until_ready(jax.tree.map(jax.device_put, export_params(source, sync.cfg.dtype,
-                                                                             sync.cfg.quantizer),
-                                               sync.shardings))
+    dense = jax.block_until_ready(jax.tree.map(jax.device_put, export_of(source, sync.cfg), sync.shardings))
     metrics["sync/dense_s"] = time.perf_counter() - t0
     metrics["sync/bit_exact"] = float(bits_equal(params, dense))
   return SamplerCopy(params, state), metrics

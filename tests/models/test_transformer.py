@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rlkit.models.transformer import (Transformer, TransformerConfig, init_cache, init_params,
-                                      positions_from_mask, route)
+                                      positions_from_mask, route, to_cache)
 
 DENSE = TransformerConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                           num_kv_heads=2, head_dim=8, rope_theta=10_000.0)
@@ -42,11 +42,10 @@ def test_left_padding_does_not_change_real_token_logits(cfg):
     np.testing.assert_allclose(out[i][np.asarray(mask[i])], ref[i], atol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [DENSE, MOE], ids=["dense", "moe"])
-def test_kv_cache_decode_equals_full_forward_at_every_step(cfg):
-  params = init_params(cfg, jax.random.key(0))
-  model = Transformer(cfg)
-  apply = _jitted(model)
+def _decode_and_full(cfg, params):
+  """(logits decoded through the cache token by token after a 5-token prefill, the full forward's logits, the
+  real-token mask, the final cache) of two left-padded rows."""
+  apply = _jitted(Transformer(cfg))
   tokens = np.asarray(jax.random.randint(jax.random.key(2), (2, 9), 0, cfg.vocab_size))
   padded, mask = _left_pad(tokens, [0, 3])
   full = apply({"params": params}, padded, attention_mask=mask)
@@ -62,9 +61,33 @@ def test_kv_cache_decode_equals_full_forward_at_every_step(cfg):
                       method=Transformer.forward)
     cache = out.cache
     steps.append(out.logits)
-  decoded = jnp.concatenate(steps, axis=1)
-  np.testing.assert_allclose(decoded[np.asarray(mask)], full[np.asarray(mask)], atol=1e-5)
-  assert int(cache.index) == padded.shape[1]
+  return jnp.concatenate(steps, axis=1), full, np.asarray(mask), cache
+
+
+@pytest.mark.parametrize("cfg", [DENSE, MOE], ids=["dense", "moe"])
+def test_kv_cache_decode_equals_full_forward_at_every_step(cfg):
+  decoded, full, mask, cache = _decode_and_full(cfg, init_params(cfg, jax.random.key(0)))
+  np.testing.assert_allclose(decoded[mask], full[mask], atol=1e-5)
+  assert int(cache.index) == mask.shape[1]
+
+
+@pytest.mark.parametrize("dtype,bound", [("bfloat16", 0.02), ("float8_e4m3fn", 0.2), ("float8_e5m2", 0.4)])
+def test_a_low_precision_kv_cache_stores_less_and_tracks_the_full_forward(dtype, bound):
+  """model.kv_cache_dtype: the cache holds keys and values in that dtype (a quarter of float32's bytes for
+  float8), decoding reads them back, and the logits stay near the full forward's (relative to their spread),
+  yet not equal to them: the cache's rounding is really there."""
+  params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, init_params(DENSE, jax.random.key(0)))
+  decoded, full, mask, cache = _decode_and_full(DENSE.replace(kv_cache_dtype=dtype), params)
+  assert cache.keys[0].dtype == jnp.dtype(dtype) and cache.values[0].dtype == jnp.dtype(dtype)
+  assert cache.keys[0].nbytes * 4 == init_cache(DENSE, 2, cache.max_len).keys[0].nbytes * jnp.dtype(dtype).itemsize
+  error = float(jnp.abs(decoded[mask] - full[mask]).max()) / float(full[mask].std())
+  assert 0 < error < bound, error
+
+
+def test_a_float8_cache_saturates_instead_of_overflowing():
+  x = jnp.asarray([1e5, -1e5, 1.0, 0.1], jnp.float32)
+  np.testing.assert_array_equal(np.asarray(to_cache(x, jnp.float8_e4m3fn).astype(jnp.float32)),
+                                np.asarray(jnp.asarray([448.0, -448.0, 1.0, 0.1], jnp.float8_e4m3fn), np.float32))
 
 
 def test_route_matches_definition_and_renormalises():
@@ -156,3 +179,9 @@ def test_config_errors_name_the_field():
     DENSE.replace(num_experts=4, num_experts_per_tok=5)
   with pytest.raises(ValueError, match="dtype"):
     DENSE.replace(dtype="float8")
+  with pytest.raises(ValueError, match="kv_cache_dtype='int8'"):
+    DENSE.replace(kv_cache_dtype="int8")
+  with pytest.raises(ValueError, match=r"expert_quant_layers=\(2,\) names layers \[2\] outside \[0, 2\)"):
+    MOE.replace(expert_quant="nvfp4", expert_quant_layers=(2,))
+  with pytest.raises(ValueError, match="trace_record='lsb'"):
+    MOE.replace(trace_record="lsb")

@@ -84,3 +84,54 @@ def test_an_fp4_moe_trainer_follows_its_bf16_rollout():
   assert gap(guided) < gap(rtn)
   again = fwd(model, params, routed_experts=routed, trace_hints=rtn.trace)
   np.testing.assert_array_equal(np.asarray(again.logits), np.asarray(rtn.logits))
+
+
+def test_the_packed_hint_is_one_bit_per_value():
+  """trace_record='bits': each code's LSB, 8 to a byte (value 8i + j in bit j of byte i); its hint is the whole
+  codes' hint, at 1/8 of their bytes."""
+  codes = jax.random.randint(jax.random.key(3), (3, 5, 32), 0, 16).astype(jnp.uint8)
+  scales = jax.random.uniform(jax.random.key(4), (3, 5, 2))
+  packed = trace.pack_bits(codes)
+  assert packed.shape == (3, 5, 4) and packed.dtype == jnp.uint8 and packed.nbytes * 8 == codes.nbytes
+  assert int(trace.pack_bits(jnp.asarray([[1, 0, 0, 3, 0, 0, 0, 15]], jnp.uint8))[0, 0]) == 0b10001001
+  np.testing.assert_array_equal(np.asarray(trace.unpack_bits(packed)), np.asarray(codes & 1))
+  bits, full = (trace.hint_from(trace.record(codes, scales, kind)) for kind in ("bits", "codes"))
+  for a, b in zip(bits, full):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@fast_compile()
+def test_fp4_experts_on_a_layer_subset_with_the_one_bit_record():
+  """expert_quant_layers=(1,) with trace_record='bits': only layer 1's experts are FP4 (in the sampler's export
+  with sync layers (1,), and in the model), the rollout records that layer's packed LSBs and scales; guided by
+  them the trainer computes what the whole-code record gives, its LSBs agree with the rollout's, RTN's do not."""
+  from rlkit.models.matmul import QuantizedWeight
+  from rlkit.models.transformer import Transformer, TransformerConfig, init_params
+  from rlkit.sync import export_params
+  from rlkit.train.policy import trace_mismatch
+  cfg = TransformerConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                          num_kv_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=16, expert_quant="nvfp4", expert_quant_layers=(1,),
+                          trace_record="bits")
+  assert cfg.layer_config(0).expert_quant == "" and cfg.layer_config(1).expert_quant == "nvfp4"
+  params = jax.tree.map(lambda x: x * 8.0 if x.ndim >= 2 else x, init_params(cfg, jax.random.key(0)))
+  export = export_params(params, "bfloat16", "nvfp4_experts", (1,))
+  is_q = lambda x: isinstance(x, QuantizedWeight)                                   # noqa: E731
+  assert is_q(export["layers_1"]["moe"]["gate_up"]) and not is_q(export["layers_0"]["moe"]["gate_up"])
+  tokens = jax.random.randint(jax.random.key(1), (4, 12), 0, cfg.vocab_size)
+  fwd = jax.jit(lambda m, p, **kw: m.apply({"params": p}, tokens, method=Transformer.forward, **kw),
+                static_argnums=0)
+  bf16 = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+  rollout = fwd(Transformer(bf16), export)
+  assert {n: a.shape for n, a in rollout.trace.items()} == {
+      "trace_x_bits": (4, 12, 1, 4), "trace_x_scales": (4, 12, 1, 2),          # [B, T, L_fp4, D/8], [.., D/16]
+      "trace_h_bits": (4, 12, 1, 2, 2), "trace_h_scales": (4, 12, 1, 2, 1)}    # [B, T, L_fp4, k, F/8]
+  codes = fwd(Transformer(bf16.replace(trace_record="codes")), export).trace
+  model, routed = Transformer(cfg), rollout.routed_experts
+  rtn = fwd(model, params, routed_experts=routed)
+  guided = fwd(model, params, routed_experts=routed, trace_hints=rollout.trace)
+  by_codes = fwd(Transformer(cfg.replace(trace_record="codes")), params, routed_experts=routed, trace_hints=codes)
+  np.testing.assert_array_equal(np.asarray(guided.logits), np.asarray(by_codes.logits))
+  mask = jnp.ones((4, 12, 1), bool)
+  assert float(trace_mismatch(rtn.trace, rollout.trace, mask, "bits")) > 0.005
+  assert float(trace_mismatch(guided.trace, rollout.trace, mask, "bits")) <= 0.001

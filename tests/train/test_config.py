@@ -140,6 +140,13 @@ def _config():
     (lambda c: c.model.__setitem__("attention", "flash"), "model.attention='flash'; choose one of xla, cpu_kernel"),
     (lambda c: (c.model.__setitem__("attention", "cpu_kernel"), c.model.__setitem__("head_dim", 24)),
      "model.head_dim % 32 == 0 (got 24)"),
+    (lambda c: c.model.__setitem__("kv_cache_dtype", "int8"), "model.kv_cache_dtype='int8'; choose one of"),
+    (lambda c: c.model.__setitem__("trace_record", "lsb"), "model.trace_record='lsb'; choose one of"),
+    (lambda c: c.model.__setitem__("expert_quant_layers", (-1,)), "model.expert_quant_layers=(-1,) must list"),
+    (lambda c: c.rl.moe.__setitem__("trace", True), "rl.moe.trace=True rounds the FP4 experts as the rollout did"),
+    (lambda c: (c.model.update(expert_quant="nvfp4", expert_quant_layers=(1,)),
+                c.rl.sync.update(kind="dense", quantizer="nvfp4_experts")),
+     "rl.sync.quant_layers=() differs from model.expert_quant_layers=(1,)"),
 ])
 def test_invalid_configs_fail_with_the_key_named(mutate, needle):
   c = _config()

@@ -496,6 +496,8 @@ COVERED_ELSEWHERE = {
     "collector": "tests/train/test_weight_sync.py (its runs sample through a registered collector of the test)",
     "policy": "tests/train/test_policy_adapter.py::test_rl_policy_selects_the_adapter_the_step_differentiates",
     "sync.quantizer": "tests/quant/test_quantizers.py (an RL run sampling from the int8 copy; bf16 bit-exact)",
+    "sync.quant_layers": "tests/train/test_weight_sync.py::test_every_sync_field_changes_the_sampler_copy (the "
+                         "copy's kernels of the other layers stay unquantized)",
     "task.name": "tests/train/test_run.py (the run driver builds the stage's Context from the stage's task)",
     "task.kwargs": "tests/train/test_run.py (as task.name)",
     "reward.timeout_s": "test_hanging_verifier_times_out",

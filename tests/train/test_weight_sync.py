@@ -283,6 +283,12 @@ def test_every_sync_field_changes_the_sampler_copy():
     assert dict(s.mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, axis: 2}
     assert all(dict(x.sharding.mesh.shape) == dict(s.mesh.shape) for x in jax.tree.leaves(copy.params))
     assert m["sync/committed"] == 1.0
+  # quant_layers: the quantizer converts those decoder layers' kernels only (this model's one layer is 0)
+  from rlkit.models.matmul import QuantizedWeight
+  kinds = lambda copy: {type(x) for x in jax.tree.leaves(copy.params["layers_0"], is_leaf=lambda x: isinstance(
+      x, QuantizedWeight)) if isinstance(x, QuantizedWeight)}                     # noqa: E731
+  assert kinds(_sync(kind="dense", quantizer="int8")[1]) and not kinds(_sync(kind="dense", quantizer="int8",
+                                                                             quant_layers=(1,))[1])
   # impl: the Pallas kernels (interpreted on CPU) instead of their jnp references
   calls = []
   original = kernels.compact_changes
