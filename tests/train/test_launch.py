@@ -91,11 +91,16 @@ def test_resuming_with_a_changed_config_names_the_keys_and_stops(tmp_path):
 # run resumes is resumed here as well.
 RESUME = ("--config.rl.steps=6", "--config.checkpoint.every=2", "--config.rl.advantage=gae",
           "--config.rl.correction.name=calibrated", "--config.rl.rollout_mismatch.noise_scale=0.5")
+# The asynchronous collector's workers hold partial rollouts across policy versions and a prefetched batch: the
+# checkpoint keeps them (its iterator state), so the learner killed mid-stage resumes to the same samples.
+RESUME_ASYNC = ("--config.rl.steps=6", "--config.checkpoint.every=2", "--config.rl.collector=async",
+                "--config.rl.async_rollout.max_staleness=1", "--config.rl.async_rollout.prefetch=1",
+                "--config.rl.async_rollout.chunk_tokens=2")
 
 
-def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("args", [RESUME, RESUME_ASYNC], ids=["gae_calibrated", "async_collector"])
+def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, args):
   ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
-  args = RESUME
   code, _, err = _run(str(ref_dir), *args)
   assert code == 0, err[-3000:]
   reference = read_metrics(str(ref_dir / "metrics.jsonl"))
