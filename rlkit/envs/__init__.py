@@ -6,5 +6,5 @@
 Tasks are `EnvParams` (goal region, tolerance and hold steps, gain, drift): a precision task is a small
 `goal_radius` held for several `hold_steps`.
 """
-from rlkit.envs.core import ENVS, Env, EnvParams, Progress, make_env, rollout, with_task
+from rlkit.envs.core import ENVS, Env, EnvParams, Progress, make_env, rollout, with_task  # noqa: F401 (the API)
 from rlkit.envs import point_mass, reacher  # noqa: F401 (registers the environments)
