@@ -89,6 +89,10 @@ class Env:
   def effector(self, state: Any) -> Array:
     raise NotImplementedError
 
+  def scripted(self, obs: Array) -> Array:
+    """A hand-written controller's action for `obs` [..., obs_dim] (the demonstrations of behaviour cloning)."""
+    raise NotImplementedError
+
   # --- shared
   def reset(self, key: Array, params: EnvParams) -> tuple[Array, Any]:
     k_goal, k_state = jax.random.split(key)

@@ -51,5 +51,9 @@ class PointMass(Env):
   def effector(self, state):
     return state.pos
 
+  def scripted(self, obs: Array) -> Array:
+    """A PD controller toward the goal from the observation (blind to the drift): demonstrations for BC."""
+    return jnp.clip(4.0 * obs[..., 4:6] - 2.0 * obs[..., 2:4], -1.0, 1.0)
+
 
 ENVS.add("point_mass", PointMass)

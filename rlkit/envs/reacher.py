@@ -123,5 +123,15 @@ class Reacher(Env):
   def effector(self, state):
     return fingertip(state.qpos)
 
+  def scripted(self, obs: Array) -> Array:
+    """Jacobian-transpose control toward the goal with velocity damping, from the observation (blind to the
+    drift): demonstrations for BC."""
+    c1, c2, s1, s2, qvel, err = obs[..., 0], obs[..., 1], obs[..., 2], obs[..., 3], obs[..., 4:6], obs[..., 8:10]
+    c12, s12 = c1 * c2 - s1 * s2, s1 * c2 + c1 * s2
+    l1, l2 = LINKS
+    jt_e = jnp.stack([(-l1 * s1 - l2 * s12) * err[..., 0] + (l1 * c1 + l2 * c12) * err[..., 1],
+                      -l2 * s12 * err[..., 0] + l2 * c12 * err[..., 1]], -1)
+    return jnp.clip(300.0 * jt_e - 0.2 * qvel, -1.0, 1.0)
+
 
 ENVS.add("reacher", Reacher)

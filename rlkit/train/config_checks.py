@@ -63,7 +63,7 @@ def _same_type(value: Any, default: Any) -> bool:
 # Sections whose keys are not fixed: task.kwargs / reward.kwargs (the component's own parameters),
 # rl.loss_terms (term name -> weight), rl.policy_kwargs (the policy loss's parameters), models (role -> model
 # section), eval.extra_sets (set name -> task kwargs), rl.schedules (step input -> schedule).
-FREE_FORM = ("kwargs", "env_kwargs", "loss_terms", "models", "policy_kwargs", "extra_sets", "schedules")
+FREE_FORM = ("kwargs", "env_kwargs", "loss_terms", "models", "policy_kwargs", "extra_sets", "schedules", "env_task")
 
 
 def _positive(config, keys: tuple[str, ...], minimum: int = 1) -> None:

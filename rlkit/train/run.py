@@ -103,10 +103,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   eval_records = evaluated_records(task, test, config.eval.num_examples)
   extra = extra_evals(config, workdir) if "data" in needs else {}
   with jax.set_mesh(mesh):
-    model, params = build_model(config.model, tokenizer, jax.random.fold_in(key, 1), mesh, say=say)
+    model, params = (build_model(config.model, tokenizer, jax.random.fold_in(key, 1), mesh, say=say)
+                     if "model" in needs else (None, None))     # stages of their own policies (rlkit/embodied)
     models = build_models(config.models, tokenizer, jax.random.fold_in(key, 3), mesh, say=say)
+    spec = model_spec(model.cfg, tokenizer_spec(config)) if model is not None else None
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint.every,
-                                config.checkpoint.max_to_keep, model_spec=model_spec(model.cfg, tokenizer_spec(config)))
+                                config.checkpoint.max_to_keep, model_spec=spec)
     resume_step = checkpointer.latest_step()
     resume_meta = None
     if resume_step is not None:

@@ -59,8 +59,8 @@ def test_presets_validate(preset):
     assert notes == [] and resolved.to_dict() == before
 
 
-@pytest.mark.parametrize("name", ["baselines", "calif", "drm", "graft", "logra", "onepo", "opd_scale", "prorubric",
-                                  "rquest", "tips", "xtok_opd"])
+@pytest.mark.parametrize("name", ["baselines", "calif", "drm", "embodied", "graft", "logra", "onepo", "opd_scale",
+                                  "prorubric", "rquest", "tips", "xtok_opd"])
 def test_experiment_presets_validate(name):
   """Every preset of the experiment configs validates, with the SFT checkpoints they start from left empty
   (the model then comes from its fields; a tokenizer that came with them is the base's); given, the paths are

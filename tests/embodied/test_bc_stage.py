@@ -1,0 +1,72 @@
+"""The `flow_bc` stage from a config: no tokenizer, data or language model is built; it clones the scripted
+controller (the point mass: eval/success well above a fresh expert's), and a run cut after a checkpoint resumes to
+the uninterrupted run's metrics."""
+import importlib.util
+import os
+
+import jax
+import pytest
+
+from rlkit.embodied.bc_stage import env_of, flow_config
+from rlkit.embodied.episodes import evaluate_policy
+from rlkit.models.flow import init_flow, sample
+from rlkit.train import stages
+from rlkit.train.config_checks import validate
+from rlkit.train.metrics import read_metrics, without_timings
+from rlkit.train.run import run
+from tests.fast_compile import fast_compile
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _config(preset="test", **bc):
+  spec = importlib.util.spec_from_file_location("embodied_config", os.path.join(REPO, "configs", "embodied.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config(preset)
+  c.bc.update(bc)
+  validate(c)
+  return c
+
+
+class _Cut(Exception):
+  pass
+
+
+def test_a_cut_bc_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch):
+  config = _config()
+  save = stages.save
+
+  def save_then_stop(ctx, state, global_step, meta, force):
+    save(ctx, state, global_step, meta, force)
+    if global_step == 2:
+      raise _Cut()
+
+  with fast_compile():
+    run(config, str(tmp_path / "ref"))
+    monkeypatch.setattr(stages, "save", save_then_stop)
+    with pytest.raises(_Cut):
+      run(config, str(tmp_path / "cut"))
+    monkeypatch.setattr(stages, "save", save)
+    run(config, str(tmp_path / "cut"))
+  reference = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
+  assert without_timings(read_metrics(str(tmp_path / "cut" / "metrics.jsonl"))) == without_timings(reference)
+  assert [r["step"] for r in reference if "eval/success" in r] == [2, 4]
+  assert not (tmp_path / "ref" / "data").exists()                 # no task data was built
+
+
+def test_behaviour_cloning_learns_the_scripted_point_mass_controller(tmp_path):
+  config = _config(steps=120, batch_size=128, demo_envs=32, demo_steps=60, eval_every=0, eval_episodes=64,
+                   sample_steps=4)
+  config.bc.flow.update(hidden=64, blocks=2, time_dim=16, horizon=2)
+  config.bc.env_task = {"max_steps": 50}
+  config.bc.optimizer.lr = 3e-3
+  with fast_compile():
+    run(config, str(tmp_path / "bc"))
+  rows = [r for r in read_metrics(str(tmp_path / "bc" / "metrics.jsonl")) if "eval/success" in r]
+  assert rows[-1]["eval/success"] >= 0.8, rows[-1]
+  env, task = env_of(config.bc)                                   # the same evaluation of a fresh expert
+  fc = flow_config(config.bc, env)
+  fresh = init_flow(fc, env.obs_dim, jax.random.key(5))
+  before = evaluate_policy(env, task, lambda obs, k: sample(fresh, fc, obs, k, 4), jax.random.key(6), 64, fc.horizon)
+  assert before["eval/success"] <= 0.2 and before["eval/distance"] > 2 * rows[-1]["eval/distance"], before
