@@ -1,22 +1,25 @@
 """Embodied RL on a control environment (rlkit/envs, rlkit/embodied): a flow-matching action expert cloned from
-the environment's scripted controller. No tokenizer, data or language model is built.
+the environment's scripted controller (stage `bc`, kind flow_bc), then trained by PPO on the task's reward through
+ReinFlow's noise-injected chain (stage `rl`, kind flow_rl; `--config.rl.method=fpo` for FPO). No tokenizer, data
+or language model is built.
 
   python launch.py --config=configs/embodied.py --workdir=/tmp/embodied                 # the point mass
   python launch.py --config=configs/embodied.py:reacher --workdir=/tmp/embodied_reacher # the MJX arm
   python launch.py --config=configs/embodied.py:test --workdir=/tmp/embodied_test       # seconds
 
 A task is `--config.bc.env_task='{"goal_center": [0.1, 0.0], "drift": [0.2, 0.0]}'` (rlkit/envs/core.py's
-EnvParams fields); presets:
+EnvParams fields; `rl.env_task` is the RL stage's, e.g. a drift the cloned controller never saw); presets:
 """
 import ml_collections
 
 from rlkit.embodied.bc_stage import flow_bc_defaults
+from rlkit.embodied.flow_rl_stage import flow_rl_defaults
 from rlkit.train.config import base_config
 
 PRESETS = {
-    "point_mass": "default: 500 BC steps of a flow expert on the point mass's scripted controller",
-    "reacher": "500 BC steps on the two-link MJX arm's scripted controller",
-    "test": "seconds: 4 BC steps of a tiny expert on the point mass, every step checkpointed",
+    "point_mass": "default: 500 BC steps of a flow expert on the point mass, then 100 ReinFlow PPO iterations",
+    "reacher": "the same on the two-link MJX arm",
+    "test": "seconds: 4 BC steps of a tiny expert on the point mass, 2 RL iterations, every step checkpointed",
 }
 
 
@@ -25,18 +28,22 @@ def get_config(arg=None):
   if preset not in PRESETS:
     raise ValueError(f"Unknown preset {preset!r} for embodied; choose one of {', '.join(PRESETS)}.")
   c = base_config()
-  c.stages = ("bc",)
+  c.stages = ("bc", "rl")
   c.wandb.mode = "disabled"
-  c.bc = flow_bc_defaults()
-  c.bc.eval_every = 100
+  c.bc, c.rl = flow_bc_defaults(), flow_rl_defaults()
+  c.bc.eval_every, c.rl.eval_every = 100, 25
   if preset == "reacher":
-    c.bc.env = "reacher"
+    c.bc.env = c.rl.env = "reacher"
   if preset == "test":
-    c.bc.steps = 4
+    c.bc.steps, c.rl.steps = 4, 2
     c.bc.batch_size = 32
     c.bc.demo_envs, c.bc.demo_steps = 4, 20
-    c.bc.flow.update(hidden=16, blocks=1, time_dim=8, horizon=2)
-    c.bc.eval_every, c.bc.eval_episodes, c.bc.sample_steps = 2, 4, 2
-    c.bc.env_task = ml_collections.ConfigDict({"max_steps": 10})
+    c.rl.num_envs, c.rl.decisions, c.rl.epochs, c.rl.minibatches, c.rl.critic_hidden = 4, 3, 2, 2, 8
+    c.rl.chain.update(steps=2, hidden=8)
+    c.rl.fpo.draws = 2
+    for s in (c.bc, c.rl):
+      s.flow.update(hidden=16, blocks=1, time_dim=8, horizon=2)
+      s.eval_every, s.eval_episodes, s.sample_steps = 2, 4, 2
+      s.env_task = ml_collections.ConfigDict({"max_steps": 10})
     c.checkpoint.every = 1
   return c

@@ -108,13 +108,18 @@ def _init(ctx, cfg, params):
   return {"train": init_train_state(flow, make_optimizer(cfg.optimizer, cfg.steps), gradient_path(cfg.optimizer))}
 
 
-def evaluate(ctx, params, global_step: int, index: int, samples=None) -> dict:
-  cfg = ctx.config[ctx.config.stages[index]]
+def evaluate_expert(ctx, cfg, expert, global_step: int, index: int) -> dict:
+  """An embodied stage's evaluation: `evaluate_policy` of the flow expert's deterministic sampler (the section's
+  sample_steps and eval_episodes), its key from the stage and the global step."""
   env, task = env_of(cfg)
   fc = flow_config(cfg, env)
   key = jax.random.fold_in(jax.random.fold_in(ctx.key, 10_000 + index), global_step)
-  return evaluate_policy(env, task, lambda obs, k: sample(params, fc, obs, k, cfg.sample_steps), key,
+  return evaluate_policy(env, task, lambda obs, k: sample(expert, fc, obs, k, cfg.sample_steps), key,
                          cfg.eval_episodes, fc.horizon)
+
+
+def evaluate(ctx, params, global_step: int, index: int, samples=None) -> dict:
+  return evaluate_expert(ctx, ctx.config[ctx.config.stages[index]], params, global_step, index)
 
 
 class StepIterator:

@@ -1,10 +1,11 @@
-"""The `flow_bc` stage from a config: no tokenizer, data or language model is built; it clones the scripted
-controller (the point mass: eval/success well above a fresh expert's), and a run cut after a checkpoint resumes to
-the uninterrupted run's metrics."""
+"""The embodied stages from configs/embodied.py: no tokenizer, data or language model is built; `flow_bc` clones the
+scripted controller (the point mass: eval/success well above a fresh expert's); BC then `flow_rl` (ReinFlow, FPO)
+cut after a checkpoint resumes to the uninterrupted run's metrics."""
 import importlib.util
 import os
 
 import jax
+import numpy as np
 import pytest
 
 from rlkit.embodied.bc_stage import env_of, flow_config
@@ -20,6 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _config(preset="test", **bc):
+  """configs/embodied.py's preset with `bc` fields replaced (validated)."""
   spec = importlib.util.spec_from_file_location("embodied_config", os.path.join(REPO, "configs", "embodied.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -33,13 +35,16 @@ class _Cut(Exception):
   pass
 
 
-def test_a_cut_bc_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("method,cut", [("fpo", 2), ("reinflow", 5)])
+def test_a_cut_embodied_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch, method, cut):
+  """BC then RL (the test preset: 4 + 2 steps), cut after global step `cut` (inside BC, inside RL)."""
   config = _config()
+  config.rl.method = method
   save = stages.save
 
   def save_then_stop(ctx, state, global_step, meta, force):
     save(ctx, state, global_step, meta, force)
-    if global_step == 2:
+    if global_step == cut:
       raise _Cut()
 
   with fast_compile():
@@ -51,13 +56,16 @@ def test_a_cut_bc_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch):
     run(config, str(tmp_path / "cut"))
   reference = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
   assert without_timings(read_metrics(str(tmp_path / "cut" / "metrics.jsonl"))) == without_timings(reference)
-  assert [r["step"] for r in reference if "eval/success" in r] == [2, 4]
+  assert [(r["stage"], r["step"]) for r in reference if "eval/success" in r] == [("bc", 2), ("bc", 4), ("rl", 6)]
+  rl = [r for r in reference if r["stage"] == "rl" and "reward" in r]
+  assert len(rl) == 2 and all(np.isfinite(r["loss"]) and np.isfinite(r["critic/loss"]) for r in rl)
   assert not (tmp_path / "ref" / "data").exists()                 # no task data was built
 
 
 def test_behaviour_cloning_learns_the_scripted_point_mass_controller(tmp_path):
   config = _config(steps=120, batch_size=128, demo_envs=32, demo_steps=60, eval_every=0, eval_episodes=64,
                    sample_steps=4)
+  config.stages = ("bc",)
   config.bc.flow.update(hidden=64, blocks=2, time_dim=16, horizon=2)
   config.bc.env_task = {"max_steps": 50}
   config.bc.optimizer.lr = 3e-3
