@@ -12,6 +12,7 @@ EnvParams fields; `rl.env_task` is the RL stage's, e.g. a drift the cloned contr
 """
 import ml_collections
 
+from rlkit.embodied.acob_stage import acob_defaults
 from rlkit.embodied.bc_stage import flow_bc_defaults
 from rlkit.embodied.flow_rl_stage import flow_rl_defaults
 from rlkit.train.config import base_config
@@ -20,6 +21,8 @@ PRESETS = {
     "point_mass": "default: 500 BC steps of a flow expert on the point mass, then 100 ReinFlow PPO iterations",
     "reacher": "the same on the two-link MJX arm",
     "test": "seconds: 4 BC steps of a tiny expert on the point mass, 2 RL iterations, every step checkpointed",
+    "acob": "500 BC steps on the point mass, then ACoB (calibrate, TD to the gate, reference-regularised updates)",
+    "acob_test": "seconds: the test preset's BC, then 5 ACoB iterations through all three phases",
 }
 
 
@@ -28,12 +31,27 @@ def get_config(arg=None):
   if preset not in PRESETS:
     raise ValueError(f"Unknown preset {preset!r} for embodied; choose one of {', '.join(PRESETS)}.")
   c = base_config()
-  c.stages = ("bc", "rl")
+  c.stages = ("bc", "acob") if preset.startswith("acob") else ("bc", "rl")
   c.wandb.mode = "disabled"
-  c.bc, c.rl = flow_bc_defaults(), flow_rl_defaults()
-  c.bc.eval_every, c.rl.eval_every = 100, 25
+  c.bc = flow_bc_defaults()
+  c.bc.eval_every = 100
+  if preset.startswith("acob"):
+    c.acob = acob_defaults()
+  else:
+    c.rl = flow_rl_defaults()
+    c.rl.eval_every = 25
   if preset == "reacher":
     c.bc.env = c.rl.env = "reacher"
+  if preset == "acob_test":
+    c.bc.steps, c.bc.batch_size, c.bc.demo_envs, c.bc.demo_steps = 4, 32, 4, 20
+    c.acob.update(steps=5, num_envs=4, decisions=3, calibrate_steps=1, td_steps=1, td_rounds=1, critic_hidden=8,
+                  critic_updates=2, batch_size=8, buffer=64, actor_updates=2, check_every=1,
+                  gate=False)                              # the gate is logged, not obeyed: the test walks every phase
+    for s in (c.bc, c.acob):
+      s.flow.update(hidden=16, blocks=1, time_dim=8, horizon=2)
+      s.eval_every, s.eval_episodes, s.sample_steps = 0, 4, 2
+      s.env_task = ml_collections.ConfigDict({"max_steps": 4})              # episodes end inside a collection
+    c.checkpoint.every = 1
   if preset == "test":
     c.bc.steps, c.rl.steps = 4, 2
     c.bc.batch_size = 32

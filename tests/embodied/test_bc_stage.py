@@ -78,3 +78,29 @@ def test_behaviour_cloning_learns_the_scripted_point_mass_controller(tmp_path):
   fresh = init_flow(fc, env.obs_dim, jax.random.key(5))
   before = evaluate_policy(env, task, lambda obs, k: sample(fresh, fc, obs, k, 4), jax.random.key(6), 64, fc.horizon)
   assert before["eval/success"] <= 0.2 and before["eval/distance"] > 2 * rows[-1]["eval/distance"], before
+
+
+def test_acob_walks_its_phases_and_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
+  """The acob_test preset: BC (4 steps), then ACoB: phase 1 (1 iteration), phase 2 (1, then its gate), phase 3
+  (3 iterations with the trip-wire checked each); cut at global step 7 (phase 3), resumed, equal metrics."""
+  config = _config("acob_test")
+  save = stages.save
+
+  def save_then_stop(ctx, state, global_step, meta, force):
+    save(ctx, state, global_step, meta, force)
+    if global_step == 7:
+      raise _Cut()
+
+  with fast_compile():
+    run(config, str(tmp_path / "ref"))
+    monkeypatch.setattr(stages, "save", save_then_stop)
+    with pytest.raises(_Cut):
+      run(config, str(tmp_path / "cut"))
+    monkeypatch.setattr(stages, "save", save)
+    run(config, str(tmp_path / "cut"))
+  reference = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
+  assert without_timings(read_metrics(str(tmp_path / "cut" / "metrics.jsonl"))) == without_timings(reference)
+  rows = [r for r in reference if r["stage"] == "acob" and "acob/phase" in r]
+  assert [r["acob/phase"] for r in rows] == [1, 2, 3, 3, 3]
+  assert "acob/gate_passed" in rows[1] and all("acob/tripped" in r and "acob/d_ref" in r for r in rows[2:])
+  assert 0 < rows[2]["acob/d_ref"] < 1e-2 and all(np.isfinite(r["critic/loss"]) for r in rows)   # near the reference
