@@ -11,11 +11,11 @@ import pytest
 from rlkit.embodied.bc_stage import env_of, flow_config
 from rlkit.embodied.episodes import evaluate_policy
 from rlkit.models.flow import init_flow, sample
-from rlkit.train import stages
 from rlkit.train.config_checks import validate
 from rlkit.train.metrics import read_metrics, without_timings
 from rlkit.train.run import run
 from tests.fast_compile import fast_compile
+from tests.resume import cut_and_resume
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -31,31 +31,13 @@ def _config(preset="test", **bc):
   return c
 
 
-class _Cut(Exception):
-  pass
-
-
 @pytest.mark.parametrize("method,cut", [("fpo", 2), ("reinflow", 5)])
 def test_a_cut_embodied_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch, method, cut):
   """BC then RL (the test preset: 4 + 2 steps), cut after global step `cut` (inside BC, inside RL)."""
   config = _config()
   config.rl.method = method
-  save = stages.save
-
-  def save_then_stop(ctx, state, global_step, meta, force):
-    save(ctx, state, global_step, meta, force)
-    if global_step == cut:
-      raise _Cut()
-
-  with fast_compile():
-    run(config, str(tmp_path / "ref"))
-    monkeypatch.setattr(stages, "save", save_then_stop)
-    with pytest.raises(_Cut):
-      run(config, str(tmp_path / "cut"))
-    monkeypatch.setattr(stages, "save", save)
-    run(config, str(tmp_path / "cut"))
-  reference = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
-  assert without_timings(read_metrics(str(tmp_path / "cut" / "metrics.jsonl"))) == without_timings(reference)
+  reference, resumed = cut_and_resume(config, tmp_path, monkeypatch, cut)
+  assert without_timings(resumed) == without_timings(reference)
   assert [(r["stage"], r["step"]) for r in reference if "eval/success" in r] == [("bc", 2), ("bc", 4), ("rl", 6)]
   rl = [r for r in reference if r["stage"] == "rl" and "reward" in r]
   assert len(rl) == 2 and all(np.isfinite(r["loss"]) and np.isfinite(r["critic/loss"]) for r in rl)
@@ -83,23 +65,8 @@ def test_behaviour_cloning_learns_the_scripted_point_mass_controller(tmp_path):
 def test_acob_walks_its_phases_and_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
   """The acob_test preset: BC (4 steps), then ACoB: phase 1 (1 iteration), phase 2 (1, then its gate), phase 3
   (3 iterations with the trip-wire checked each); cut at global step 7 (phase 3), resumed, equal metrics."""
-  config = _config("acob_test")
-  save = stages.save
-
-  def save_then_stop(ctx, state, global_step, meta, force):
-    save(ctx, state, global_step, meta, force)
-    if global_step == 7:
-      raise _Cut()
-
-  with fast_compile():
-    run(config, str(tmp_path / "ref"))
-    monkeypatch.setattr(stages, "save", save_then_stop)
-    with pytest.raises(_Cut):
-      run(config, str(tmp_path / "cut"))
-    monkeypatch.setattr(stages, "save", save)
-    run(config, str(tmp_path / "cut"))
-  reference = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
-  assert without_timings(read_metrics(str(tmp_path / "cut" / "metrics.jsonl"))) == without_timings(reference)
+  reference, resumed = cut_and_resume(_config("acob_test"), tmp_path, monkeypatch, 7)
+  assert without_timings(resumed) == without_timings(reference)
   rows = [r for r in reference if r["stage"] == "acob" and "acob/phase" in r]
   assert [r["acob/phase"] for r in rows] == [1, 2, 3, 3, 3]
   assert "acob/gate_passed" in rows[1] and all("acob/tripped" in r and "acob/d_ref" in r for r in rows[2:])

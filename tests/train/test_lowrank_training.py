@@ -12,12 +12,12 @@ from rlkit.models.tokenizer import CharTokenizer
 from rlkit.models.transformer import Transformer, TransformerConfig, init_params
 from rlkit.optim.optimizers import gradient_path, make_optimizer, optimizer_defaults
 from rlkit.rewards import RewardOutput, register_reward
-from rlkit.train import stages
 from rlkit.core.errors import ConfigError
 from rlkit.train.config_checks import validate
-from rlkit.train.metrics import read_metrics, without_timings
+from rlkit.train.metrics import without_timings
 from rlkit.train.steps import init_train_state, make_sft_step
 from tests.fast_compile import fast_compile
+from tests.resume import cut_and_resume
 
 
 def test_an_sft_step_with_lora_changes_the_adapters_only():
@@ -95,31 +95,12 @@ def _rl_config(**lora_fields):
   return c
 
 
-class _Interrupted(Exception):
-  pass
-
-
 def test_an_rl_run_with_lora_resumes_exactly(tmp_path, monkeypatch):
   """The RL stage with LoRA adapters on the policy (the sampler on the unmerged adapter path) for 2 steps,
   against the same run interrupted after its step-1 checkpoint and resumed: identical metrics rows
   (losses, gradient norms, rewards)."""
-  from rlkit.train.run import run
   config = _rl_config(rank=4, alpha=8.0, merged_sampling=False)
-  with fast_compile():
-    run(config, str(tmp_path / "ref"))
-    save = stages.save
-
-    def save_then_stop(ctx, state, global_step, meta, force):
-      save(ctx, state, global_step, meta, force)
-      if global_step == 1:
-        raise _Interrupted()
-    monkeypatch.setattr(stages, "save", save_then_stop)
-    with pytest.raises(_Interrupted):
-      run(config, str(tmp_path / "cut"))
-    monkeypatch.setattr(stages, "save", save)
-    run(config, str(tmp_path / "cut"))
-  reference = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
-  resumed = read_metrics(str(tmp_path / "cut" / "metrics.jsonl"))
+  reference, resumed = cut_and_resume(config, tmp_path, monkeypatch, 1)
   assert [r["step"] for r in reference if "loss" in r] == [1, 2]
   assert all(r["grad_norm"] > 0 for r in reference if "loss" in r)
   assert without_timings(resumed) == without_timings(reference)
