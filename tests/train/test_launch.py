@@ -16,17 +16,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TEST_CONFIG = os.path.join(ROOT, "configs", "grpo_arith.py") + ":test"
 
 
-def _launch(workdir, *overrides, **kw):
-  cmd = [sys.executable, os.path.join(ROOT, "launch.py"), f"--config={TEST_CONFIG}", f"--workdir={workdir}",
-         *overrides]
+def _launch(workdir, *overrides, config=TEST_CONFIG, **kw):
+  cmd = [sys.executable, os.path.join(ROOT, "launch.py"), f"--config={config}", f"--workdir={workdir}", *overrides]
   # XLA's optimisation passes off: these short runs are mostly compiling, and every comparison here is
   # between runs compiled alike.
   env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
   return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
-def _run(workdir, *overrides, timeout=300):
-  proc = _launch(workdir, *overrides)
+def _run(workdir, *overrides, timeout=300, config=TEST_CONFIG):
+  proc = _launch(workdir, *overrides, config=config)
   out, err = proc.communicate(timeout=timeout)
   return proc.returncode, out, err
 
@@ -98,19 +97,27 @@ RESUME_ASYNC = ("--config.rl.steps=6", "--config.checkpoint.every=2", "--config.
                 "--config.rl.async_rollout.chunk_tokens=2")
 
 
-@pytest.mark.parametrize("args", [RESUME, RESUME_ASYNC], ids=["gae_calibrated", "async_collector"])
-def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, args):
+# An embodied run (configs/embodied.py: flow_bc, then flow_rl with ReinFlow's chain): the environments' states and
+# the critic are part of the checkpoint.
+EMBODIED = os.path.join(ROOT, "configs", "embodied.py") + ":test"
+RESUME_EMBODIED = ("--config.rl.steps=6", "--config.checkpoint.every=2")
+
+
+@pytest.mark.parametrize("config,args,first,metric", [
+    (TEST_CONFIG, RESUME, "sft", "eval/accuracy"), (TEST_CONFIG, RESUME_ASYNC, "sft", "eval/accuracy"),
+    (EMBODIED, RESUME_EMBODIED, "bc", "eval/success")], ids=["gae_calibrated", "async_collector", "embodied"])
+def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, config, args, first, metric):
   ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
-  code, _, err = _run(str(ref_dir), *args)
+  code, _, err = _run(str(ref_dir), *args, config=config)
   assert code == 0, err[-3000:]
   reference = read_metrics(str(ref_dir / "metrics.jsonl"))
   assert (ref_dir / "config.json").exists() and (ref_dir / "metrics.png").exists()
-  assert any("eval/accuracy" in r and r["stage"] == "sft" for r in reference)
-  assert any("eval/accuracy" in r and r["stage"] == "rl" for r in reference)
-  assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in reference if "eval/accuracy" in r)
+  assert any(metric in r and r["stage"] == first for r in reference)
+  assert any(metric in r and r["stage"] == "rl" for r in reference)
+  assert all(0.0 <= r[metric] <= 1.0 for r in reference if metric in r)
 
-  proc = _launch(str(cut_dir), *args)
-  target = cut_dir / "checkpoints" / "8"          # 4 SFT steps + 4 of the 6 RL steps
+  proc = _launch(str(cut_dir), *args, config=config)
+  target = cut_dir / "checkpoints" / "8"          # 4 SFT (BC) steps + 4 of the 6 RL steps
   deadline = time.time() + 300
   while not target.exists() and proc.poll() is None and time.time() < deadline:
     time.sleep(0.02)
@@ -120,7 +127,7 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, args):
   partial = read_metrics(str(cut_dir / "metrics.jsonl"))
   assert max(r["step"] for r in partial) < max(r["step"] for r in reference)
 
-  code, _, err = _run(str(cut_dir), *args)
+  code, _, err = _run(str(cut_dir), *args, config=config)
   assert code == 0, err[-3000:]
   resumed = read_metrics(str(cut_dir / "metrics.jsonl"))
   assert without_timings(resumed) == without_timings(reference)
