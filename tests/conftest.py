@@ -44,14 +44,14 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # order, so what remains at the end is short. The order is that of each file's measured total in a default run
 # (2-core EPYC, Dec 2026; `--junitxml` gives the times); a file missing from the list only loses its place.
 LONGEST_FIRST = (
-    "tests/train/test_stages.py", "tests/train/test_steps.py", "tests/train/test_launch.py",
+    "tests/embodied/test_bc_stage.py", "tests/train/test_stages.py", "tests/train/test_steps.py", "tests/train/test_launch.py",
     "tests/train/test_weight_sync.py", "tests/train/test_async_collect.py", "tests/train/test_real_paths.py",
     "tests/quant/test_quantizers.py",
     "tests/train/test_stage_switches.py", "tests/train/test_main_job.py", "tests/train/test_multihost.py",
     "tests/rollout/test_sampler.py", "tests/optim/test_logra_training.py", "tests/kernels/test_cpu_attention.py",
     "tests/rollout/test_resumable_sampler.py", "tests/train/test_early_stop.py", "tests/objectives/test_correction.py",
     "tests/parallel/test_rules.py", "tests/test_adding_a_method.py", "tests/experiments/test_base_build.py",
-    "tests/optim/test_frozen.py",
+    "tests/optim/test_frozen.py", "tests/embodied/test_acob_stage.py",
 )
 
 

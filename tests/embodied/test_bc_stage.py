@@ -1,9 +1,6 @@
 """The embodied stages from configs/embodied.py: no tokenizer, data or language model is built; `flow_bc` clones the
 scripted controller (the point mass: eval/success well above a fresh expert's); BC then `flow_rl` (ReinFlow, FPO)
-cut after a checkpoint resumes to the uninterrupted run's metrics."""
-import importlib.util
-import os
-
+cut after a checkpoint resumes to the uninterrupted run's metrics (the acob stage: test_acob_stage.py)."""
 import jax
 import numpy as np
 import pytest
@@ -11,24 +8,11 @@ import pytest
 from rlkit.embodied.bc_stage import env_of, flow_config
 from rlkit.embodied.episodes import evaluate_policy
 from rlkit.models.flow import init_flow, sample
-from rlkit.train.config_checks import validate
 from rlkit.train.metrics import read_metrics, without_timings
 from rlkit.train.run import run
+from tests.embodied.embodied_config import embodied_config as _config
 from tests.fast_compile import fast_compile
 from tests.resume import cut_and_resume
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _config(preset="test", **bc):
-  """configs/embodied.py's preset with `bc` fields replaced (validated)."""
-  spec = importlib.util.spec_from_file_location("embodied_config", os.path.join(REPO, "configs", "embodied.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config(preset)
-  c.bc.update(bc)
-  validate(c)
-  return c
 
 
 @pytest.mark.parametrize("method,cut", [("fpo", 2), ("reinflow", 5)])
@@ -60,14 +44,3 @@ def test_behaviour_cloning_learns_the_scripted_point_mass_controller(tmp_path):
   fresh = init_flow(fc, env.obs_dim, jax.random.key(5))
   before = evaluate_policy(env, task, lambda obs, k: sample(fresh, fc, obs, k, 4), jax.random.key(6), 64, fc.horizon)
   assert before["eval/success"] <= 0.2 and before["eval/distance"] > 2 * rows[-1]["eval/distance"], before
-
-
-def test_acob_walks_its_phases_and_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
-  """The acob_test preset: BC (4 steps), then ACoB: phase 1 (1 iteration), phase 2 (1, then its gate), phase 3
-  (3 iterations with the trip-wire checked each); cut at global step 7 (phase 3), resumed, equal metrics."""
-  reference, resumed = cut_and_resume(_config("acob_test"), tmp_path, monkeypatch, 7)
-  assert without_timings(resumed) == without_timings(reference)
-  rows = [r for r in reference if r["stage"] == "acob" and "acob/phase" in r]
-  assert [r["acob/phase"] for r in rows] == [1, 2, 3, 3, 3]
-  assert "acob/gate_passed" in rows[1] and all("acob/tripped" in r and "acob/d_ref" in r for r in rows[2:])
-  assert 0 < rows[2]["acob/d_ref"] < 1e-2 and all(np.isfinite(r["critic/loss"]) for r in rows)   # near the reference
