@@ -55,14 +55,15 @@ class TwinQ(nn.Module):
 
 def critic_loss(q_params, target_q, target_actor, batch: dict, *, q: TwinQ, actor: ResidualActor, gamma_h: float,
                 critic_mc: float) -> tuple[Array, dict]:
-  """The TD3 critic loss on `batch` (z, a, reward, z_next, a0_next, done, mc, is_memory) (module docstring)."""
+  """The TD3 critic loss on `batch` (z, a, reward, z_next, a0_next, done, mc, is_memory, optionally has_mc: the
+  rows whose MC return reaches their episode's end) (module docstring)."""
   a_next = actor.apply({"params": target_actor}, batch["z_next"], batch["a0_next"])
   y = batch["reward"] + gamma_h * (1.0 - batch["done"]) * jnp.minimum(*q.apply({"params": target_q},
                                                                               batch["z_next"], a_next))
   y = jax.lax.stop_gradient(y)
   q1, q2 = q.apply({"params": q_params}, batch["z"], batch["a"])
   td = jnp.mean((q1 - y) ** 2 + (q2 - y) ** 2)
-  mem = batch["is_memory"]
+  mem = batch["is_memory"] * batch.get("has_mc", 1.0)         # memory rows whose episode's return is complete
   mc = jnp.sum(mem * ((q1 - batch["mc"]) ** 2 + (q2 - batch["mc"]) ** 2)) / jnp.maximum(mem.sum(), 1.0)
   return td + critic_mc * mc, {"accrue/td": td, "accrue/mc": mc}
 

@@ -33,6 +33,7 @@ from rlkit.core.types import Metric
 from rlkit.embodied import acob
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, evaluate_expert, flow_config, \
     flow_section
+from rlkit.embodied.episodes import chunk_collector, episode_labels, ring_push
 from rlkit.embodied.flow_rl_stage import expert_params
 from rlkit.models.flow import sample
 from rlkit.optim.optimizers import make_optimizer
@@ -161,64 +162,6 @@ def _init(ctx, cfg, params):
                    "ref_success": jnp.float32(-1.0), "gate_failed": jnp.int32(0)}}
 
 
-def collect_fn(env, task, fc, cfg):
-  """The jitted collection: (acting params, exploration std, obs, env state, key) -> (traj [D, E, ...], obs, env
-  state). Rewards after an episode's end inside a chunk do not count toward that decision (the chunk's rest acts
-  on the next episode); a decision is `done` when its chunk ended an episode."""
-  step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-  discounts = cfg.gamma ** jnp.arange(fc.horizon, dtype=jnp.float32)
-
-  @jax.jit
-  def collect(params, noise, obs, env_state, key):
-    def decide(carry, k):
-      obs, env_state = carry
-      k_act, k_noise, k_env = jax.random.split(k, 3)
-      chunk = sample(params, fc, obs, k_act, cfg.sample_steps)
-      chunk = chunk + noise * jax.random.normal(k_noise, chunk.shape)
-
-      def one(c, h):
-        o, s, reward, done, success = c
-        o, s, r, d, info = step(jax.random.split(jax.random.fold_in(k_env, h), cfg.num_envs), s, chunk[:, h], task)
-        live = ~done
-        return (o, s, reward + jnp.where(live, discounts[h] * r, 0.0), done | d,
-                success | (live & d & info["success"])), None
-      zeros = jnp.zeros(cfg.num_envs, bool)
-      (nobs, nstate, reward, done, success), _ = jax.lax.scan(
-          one, (obs, env_state, jnp.zeros(cfg.num_envs), zeros, zeros), jnp.arange(fc.horizon))
-      return (nobs, nstate), {"obs": obs, "chunk": chunk, "reward": reward, "next_obs": nobs, "done": done,
-                              "success": success}
-    (obs, env_state), traj = jax.lax.scan(decide, (obs, env_state), jax.random.split(key, cfg.decisions))
-    return traj, obs, env_state
-  return collect
-
-
-def episode_labels(traj, gamma_h: float):
-  """Per decision [D, E]: the Monte-Carlo return to the end of its episode (gamma_h = gamma^H between decisions),
-  whether that end lies inside this collection (1.0) and whether the episode ended in success (1.0): the labels of
-  the calibration targets, the Cal-QL floor and the gate's AUC."""
-  def back(carry, x):
-    g_next, end_next, succ_next = carry
-    r, d, s = x
-    g = r + gamma_h * (1.0 - d) * g_next
-    end = jnp.maximum(d, end_next)
-    succ = jnp.where(d > 0, s, succ_next)
-    return (g, end, succ), (g, end, succ)
-  done = traj["done"].astype(jnp.float32)
-  zeros = jnp.zeros_like(done[0])
-  _, out = jax.lax.scan(back, (zeros, zeros, zeros), (traj["reward"], done, traj["success"].astype(jnp.float32)),
-                        reverse=True)
-  return out
-
-
-@jax.jit
-def push(buffer: dict, rows: dict) -> dict:
-  """`rows` ({name: [n, ...]}) written into the ring buffer at its pointer."""
-  n, cap = jax.tree.leaves(rows)[0].shape[0], buffer["obs"].shape[0]
-  idx = (buffer["ptr"] + jnp.arange(n)) % cap
-  out = {k: buffer[k].at[idx].set(v.astype(buffer[k].dtype)) for k, v in rows.items()}
-  return {**out, "ptr": (buffer["ptr"] + n) % cap, "size": jnp.minimum(buffer["size"] + n, cap)}
-
-
 def update_fns(cfg, fc, ref):
   """The iteration's jitted pieces and losses: critic targets, the critic's and the actor's losses for the shared
   update step, the actor's weighted batch, the Polyak update of the target critics."""
@@ -271,7 +214,8 @@ def _draw(buffer: dict, key, batch: int) -> dict:
 def _run(ctx, cfg, state, start: int, meta: dict):
   env, task = env_of(cfg)
   fc = flow_config(cfg, env)
-  collect = collect_fn(env, task, fc, cfg)
+  collect = chunk_collector(env, fc.horizon, cfg.num_envs, cfg.decisions, cfg.gamma,
+                            lambda params, obs, key: sample(params, fc, obs, key, cfg.sample_steps))
   targets, critic_loss, actor_loss, actor_batch, polyak, q = update_fns(cfg, fc, state["ref"])
   gamma_h = cfg.gamma ** fc.horizon
   critic_step = make_update_step(critic_loss, make_optimizer(cfg.critic_optimizer, cfg.steps * cfg.critic_updates),
@@ -303,14 +247,15 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     phase, beta, scale = int(a["phase"]), float(a["beta"]), float(a["lr_scale"])
     k_col, k_upd, k_act, k_gate = jax.random.split(key, 4)
     acting = state["ref"] if phase < 3 else state["train"].params
-    traj, obs, env_state = collect(acting, 0.0 if phase < 3 else cfg.explore_noise, state["obs"], state["env"], k_col)
+    traj, obs, env_state = collect(acting, 0.0 if phase < 3 else cfg.explore_noise, state["obs"], state["env"], k_col,
+                                   task)
     g, has_end, succ = episode_labels(traj, gamma_h)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])                 # noqa: E731 [D, E, ...] -> [D E, ...]
     rows = {"obs": flat(traj["obs"]), "chunk": flat(traj["chunk"]), "reward": flat(traj["reward"]),
             "next_obs": flat(traj["next_obs"]), "done": flat(traj["done"]).astype(jnp.float32),
             "ref": jnp.full(flat(g).shape, float(phase < 3)), "mc": flat(g), "has_mc": flat(has_end),
             "success": flat(succ)}
-    buffer = push(state["buffer"], rows)
+    buffer = ring_push(state["buffer"], rows)
     critic, target, skipped = state["critic"], state["target"], []
     metrics = {"acob/phase": phase, "reward": float(traj["reward"].mean()),
                "episodes": float(traj["done"].sum()),

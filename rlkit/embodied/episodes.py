@@ -11,6 +11,9 @@ off the controller's path, and the labels say how to recover from them (DART's r
 
 Evaluation (`evaluate_policy`): E fresh episodes, each until its first end (success, or `max_steps`): the success
 rate, the mean distance to the goal at that end, and the mean return over it.
+
+Off-policy collection (`chunk_collector`, with `episode_labels` and a replay `ring_push`): what the actor-critic
+stages (acob, accrue) gather into their buffers.
 """
 from __future__ import annotations
 
@@ -84,3 +87,66 @@ def evaluate_policy(env: Env, params: EnvParams, act: Callable[[Array, Array], A
   success, distance, ret = (np.asarray(x, np.float64) for x in run(key))
   return {"eval/success": float(success.mean()), "eval/distance": float(distance.mean()),
           "eval/return": float(ret.mean()), "eval/episodes": episodes}
+
+
+def chunk_collector(env: Env, horizon: int, num_envs: int, decisions: int, gamma: float, act: Callable):
+  """The jitted off-policy collection: (policy params, exploration std, obs, env state, key, task) -> (traj
+  {obs, chunk, reward, next_obs, done, success} [D, E, ...], obs, env state), with `act(policy params, obs [E, O],
+  key) -> chunks [E, H, A]` plus Gaussian noise of that std, on the task `task` (EnvParams: an argument, so a
+  task sequence compiles once). A chunk's reward is its discounted sum (gamma^h);
+  rewards after an episode's end inside a chunk do not count toward that decision (the chunk's rest acts on the
+  next episode), and a decision is `done` when its chunk ended an episode (`success` when that end was one)."""
+  step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+  discounts = gamma ** jnp.arange(horizon, dtype=jnp.float32)
+
+  @jax.jit
+  def collect(policy, noise, obs, env_state, key, params):
+    def decide(carry, k):
+      obs, env_state = carry
+      k_act, k_noise, k_env = jax.random.split(k, 3)
+      chunk = act(policy, obs, k_act)
+      chunk = chunk + noise * jax.random.normal(k_noise, chunk.shape)
+
+      def one(c, h):
+        o, s, reward, done, success = c
+        o, s, r, d, info = step(jax.random.split(jax.random.fold_in(k_env, h), num_envs), s, chunk[:, h], params)
+        live = ~done
+        return (o, s, reward + jnp.where(live, discounts[h] * r, 0.0), done | d,
+                success | (live & d & info["success"])), None
+      zeros = jnp.zeros(num_envs, bool)
+      (nobs, nstate, reward, done, success), _ = jax.lax.scan(
+          one, (obs, env_state, jnp.zeros(num_envs), zeros, zeros), jnp.arange(horizon))
+      return (nobs, nstate), {"obs": obs, "chunk": chunk, "reward": reward, "next_obs": nobs, "done": done,
+                              "success": success}
+    (obs, env_state), traj = jax.lax.scan(decide, (obs, env_state), jax.random.split(key, decisions))
+    return traj, obs, env_state
+  return collect
+
+
+def episode_labels(traj: dict, gamma_h: float):
+  """Per decision [D, E] of a collection: the Monte-Carlo return to the end of its episode (gamma_h = gamma^H
+  between decisions), whether that end lies inside this collection (1.0) and whether the episode ended in success
+  (1.0): the labels of calibration targets, memory returns and success rankings."""
+  def back(carry, x):
+    g_next, end_next, succ_next = carry
+    r, d, s = x
+    g = r + gamma_h * (1.0 - d) * g_next
+    end = jnp.maximum(d, end_next)
+    succ = jnp.where(d > 0, s, succ_next)
+    return (g, end, succ), (g, end, succ)
+  done = traj["done"].astype(jnp.float32)
+  zeros = jnp.zeros_like(done[0])
+  _, out = jax.lax.scan(back, (zeros, zeros, zeros), (traj["reward"], done, traj["success"].astype(jnp.float32)),
+                        reverse=True)
+  return out
+
+
+@jax.jit
+def ring_push(buffer: dict, rows: dict) -> dict:
+  """`rows` ({name: [n, ...]}) written into a replay ring buffer ({name: [capacity, ...]}, plus "ptr" and "size")
+  at its pointer."""
+  n = jax.tree.leaves(rows)[0].shape[0]
+  cap = next(v.shape[0] for k, v in buffer.items() if k not in ("ptr", "size"))
+  idx = (buffer["ptr"] + jnp.arange(n)) % cap
+  out = {k: buffer[k].at[idx].set(v.astype(buffer[k].dtype)) for k, v in rows.items()}
+  return {**buffer, **out, "ptr": (buffer["ptr"] + n) % cap, "size": jnp.minimum(buffer["size"] + n, cap)}

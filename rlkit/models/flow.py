@@ -100,11 +100,12 @@ def cfm_loss(params: Any, cfg: FlowConfig, obs: Array, a: Array, s: Array, eps: 
   return jnp.sum((u - (a - eps)) ** 2, axis=(-2, -1))
 
 
-def sample(params: Any, cfg: FlowConfig, obs: Array, key: Array, steps: int) -> Array:
+def sample(params: Any, cfg: FlowConfig, obs: Array, key: Array, steps: int, start: Array | None = None) -> Array:
   """Action chunks [B, H, A] by `steps` Euler steps of da/ds = u from a_0 = eps ~ N(0, I) (the deterministic
-  sampler; the stochastic chains of RL live in rlkit/embodied)."""
+  sampler; the stochastic chains of RL live in rlkit/embodied), or from `start` (then `key` is unused: e.g. zeros,
+  the noise's mean, for a chunk that is a function of the observation alone)."""
   model = FlowExpert(cfg)
-  a = jax.random.normal(key, (obs.shape[0], cfg.horizon, cfg.action_dim))
+  a = start if start is not None else jax.random.normal(key, (obs.shape[0], cfg.horizon, cfg.action_dim))
   ds = 1.0 / steps
 
   def one(a, k):
