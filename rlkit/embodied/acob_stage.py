@@ -8,7 +8,7 @@ collection). Each iteration collects `decisions` chunks in each of `num_envs` en
   1. calibrate (`calibrate_steps` iterations): pi_ref acts; Q(s, a_ref) and V(s) regress on its MC returns;
   2. TD (`td_steps` iterations, repeated up to `td_rounds` times while the gate fails): pi_ref acts; chunked TD
      of Q (target: the twin target critics' min at pi_ref's next chunk, the Cal-QL floor max(y, G_ref) on pi_ref's
-     transitions) and of V (to the same target); then the gate on the latest collection (TD error, |Q(s, a_ref) -
+     transitions) and of V (to the target critics' value of pi_ref's chunk at s); then the gate on the latest collection (TD error, |Q(s, a_ref) -
      G|, the AUC of Q for chunks of episodes that ended in success): passed -> phase 3; failed after the last round
      -> the stage keeps calibrating and never updates the actor (`acob/gate_failed` 1: reported, not hidden);
   3. improve: the actor acts (its sampler plus `explore_noise`); TD as in 2 with the actor's next chunk; the actor
@@ -17,12 +17,11 @@ collection). Each iteration collects `decisions` chunks in each of `num_envs` en
      its success fell below pi_ref's minus `margin` (the trip-wire), it is rolled back to the last good actor and
      its learning rate halved.
 Ablations are configs: `calibrate_steps=0, td_steps=0` (no calibration: actor updates from the first iteration,
-with random critics: the naive actor-critic), `beta=0, d_max=inf` (no reference penalty), `margin=inf` (no
-trip-wire). State: {"train": the actor's TrainState, "critic", "target", "ref", "buffer", "obs", "env", "acob"}.
+with random critics: the naive actor-critic), `gate=False` (phase 3 after the TD steps whatever the gate says),
+`beta=0, d_max=inf` (no reference penalty), `margin=inf` (no trip-wire). State: {"train": the actor's TrainState, "critic", "target", "ref", "buffer", "obs", "env", "acob"}.
 """
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -34,7 +33,7 @@ from rlkit.embodied import acob
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, evaluate_expert, flow_config, \
     flow_section
 from rlkit.embodied.episodes import chunk_collector, episode_labels, ring_push
-from rlkit.embodied.flow_rl_stage import expert_params
+from rlkit.embodied.flow_rl_stage import Critic, expert_params
 from rlkit.models.flow import sample
 from rlkit.optim.optimizers import make_optimizer
 from rlkit.train.config import optimizer_defaults
@@ -101,23 +100,13 @@ def validate(section, name: str) -> None:
     raise ConfigError(f"{name}: gamma and tau in (0, 1], lam and w_max > 0.")
 
 
-class MLP(nn.Module):
-  hidden: int
-
-  @nn.compact
-  def __call__(self, x):
-    x = nn.swish(nn.Dense(self.hidden)(x))
-    x = nn.swish(nn.Dense(self.hidden)(x))
-    return nn.Dense(1)(x)[..., 0]
-
-
 def _q_input(obs, chunk):
   return jnp.concatenate([obs, chunk.reshape(chunk.shape[0], -1)], axis=-1)
 
 
 def critics(hidden: int):
   """(q(params, obs, chunk) -> (q1, q2), v(params, obs), init(key, obs_dim, chunk_size))."""
-  m = MLP(hidden)
+  m = Critic(hidden)            # a scalar MLP (flow_rl's critic) for each of Q1, Q2 and V
 
   def q(p, obs, chunk):
     x = _q_input(obs, chunk)

@@ -96,11 +96,13 @@ def validate(section, name: str) -> None:
 
 
 class Critic(nn.Module):
+  """A scalar MLP of its input (two swish layers of `hidden`): the value of an observation, or (acob) of an
+  observation and chunk."""
   hidden: int
 
   @nn.compact
-  def __call__(self, obs):
-    x = nn.swish(nn.Dense(self.hidden)(obs))
+  def __call__(self, x):
+    x = nn.swish(nn.Dense(self.hidden)(x))
     x = nn.swish(nn.Dense(self.hidden)(x))
     return nn.Dense(1)(x)[..., 0]
 

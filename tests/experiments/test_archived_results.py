@@ -23,7 +23,6 @@ PENDING = {
     "graft": "rerun from the base pre-registered", "onepo": "rerun from the base pre-registered",
     "opd_scale": "rerun from the base pre-registered", "prorubric": "rerun from the base pre-registered",
     "rquest": "rerun from the base pre-registered", "tips": "rerun from the base pre-registered",
-    "xtok_opd": "rerun from the base pre-registered",
     "drm": "its runs predate the archive: rerun to archive", "grpo_arith": "its runs predate the archive: rerun to archive",
 }
 
