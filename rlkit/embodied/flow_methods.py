@@ -7,7 +7,8 @@ A method is a `FlowMethod`:
       the rollout's draw: what the batch's rows keep (extras) and their log-likelihood under the acting params
   adapter(flow_cfg, section) -> PolicyAdapter over rows whose extras hold the act's extras and "obs"
   steps(section) -> R, the log-likelihood columns per row
-  expert(params) -> the flow expert's params (what evaluation and later stages sample from)
+  expert(params) -> the flow expert's params (what evaluation and later stages sample from); with_expert and
+  expert_path locate it in the params (LoRA adapts the expert alone: rlkit/embodied/flow_lora.py)
 
   reinflow   ReinFlow's noise-injected chain: R = K denoising steps, each with its own exact ratio
   fpo        FPO: R = 1, logp = -L_CFM at M draws (s, eps) stored per row; acting is the deterministic sampler
@@ -31,6 +32,8 @@ class FlowMethod(NamedTuple):
   adapter: Callable
   steps: Callable[[Any], int]
   expert: Callable[[Any], Any]
+  with_expert: Callable[[Any, Any], Any]      # (params, expert params) -> params with that expert
+  expert_path: str                            # the expert's path prefix in the params ('' : the params are it)
 
 
 FLOW_METHODS: Registry[FlowMethod] = Registry("flow method")
@@ -52,7 +55,9 @@ FLOW_METHODS.add("reinflow", FlowMethod(
     act=_reinflow_act,
     adapter=lambda flow, section: reinflow_policy(flow, chain_config(section)),
     steps=lambda section: section.chain.steps,
-    expert=lambda params: params["flow"]))
+    expert=lambda params: params["flow"],
+    with_expert=lambda params, expert: {**params, "flow": expert},
+    expert_path="flow/"))
 
 
 def _fpo_act(params, flow, section, obs, key):
@@ -68,4 +73,6 @@ FLOW_METHODS.add("fpo", FlowMethod(
     act=_fpo_act,
     adapter=lambda flow, section: fpo_policy(flow),
     steps=lambda section: 1,
-    expert=lambda params: params))
+    expert=lambda params: params,
+    with_expert=lambda params, expert: expert,
+    expert_path=""))

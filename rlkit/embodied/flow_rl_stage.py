@@ -16,7 +16,9 @@ when it is the run's first stage. One iteration:
 State: {"train": the policy's TrainState, "critic": its TrainState, "obs", "env": the environments' batch}, so
 a resumed stage continues the same episodes. Metrics: reward (per decision), success (the share of the episodes
 that ended this iteration in success; `episodes` counts them), the policy's loss and clip statistics, critic/loss.
-Evaluation: the expert's deterministic sampler, as `flow_bc` reports it.
+Evaluation: the expert's deterministic sampler, as `flow_bc` reports it. With `expert_lora.rank` > 0 only LoRA
+adapters of the expert's kernels train (`targets`: the timestep modules, every kernel, or a regex), the expert's
+base weights frozen (`flow_method`, `policy_optimizer`).
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from rlkit.core.errors import ConfigError
 from rlkit.core.types import Metric, TrainBatch
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, evaluate_expert, flow_config, \
     flow_section
-from rlkit.embodied.flow_methods import FLOW_METHODS
+from rlkit.embodied import flow_lora
+from rlkit.embodied.flow_methods import FLOW_METHODS, FlowMethod
 from rlkit.embodied.flow_rl import gae
 from rlkit.models.flow import init_flow
 from rlkit.optim.optimizers import gradient_path, make_optimizer
@@ -56,6 +59,10 @@ def flow_rl_defaults() -> ml_collections.ConfigDict:
   c.fpo = ml_collections.ConfigDict()
   c.fpo.draws = 8               # fpo: (s, eps) draws per row for the CFM loss
   c.fpo.noise = 0.1             # fpo: std of the Gaussian exploration noise on the sampled chunk
+  c.expert_lora = ml_collections.ConfigDict()   # LoRA on the expert instead of training it whole
+  c.expert_lora.rank = 0        # > 0: only adapters of the expert's kernels train (its other parts as usual)
+  c.expert_lora.alpha = 1.0     # the adapters' scale alpha / rank
+  c.expert_lora.targets = "all"  # timestep (time MLP and modulations) | all (every Dense kernel) | a path regex
   c.num_envs = 32               # environments stepped in parallel
   c.decisions = 8               # chunks each environment takes per iteration
   c.gamma = 0.99                # discount per decision
@@ -91,6 +98,8 @@ def validate(section, name: str) -> None:
     raise ConfigError(f"{name}.chain: steps >= 1 and 0 < sigma_min <= sigma_max, got {section.chain.to_dict()}.")
   if section.fpo.draws < 1 or section.fpo.noise < 0:
     raise ConfigError(f"{name}.fpo: draws >= 1 and noise >= 0, got {section.fpo.to_dict()}.")
+  if section.expert_lora.rank < 0 or section.expert_lora.alpha <= 0:
+    raise ConfigError(f"{name}.expert_lora: rank >= 0 (0: off) and alpha > 0, got {section.expert_lora.to_dict()}.")
   if not (0 <= section.gamma <= 1 and 0 <= section.lam <= 1):
     raise ConfigError(f"{name}: gamma={section.gamma} and lam={section.lam} must be in [0, 1].")
 
@@ -105,6 +114,41 @@ class Critic(nn.Module):
     x = nn.swish(nn.Dense(self.hidden)(x))
     x = nn.swish(nn.Dense(self.hidden)(x))
     return nn.Dense(1)(x)[..., 0]
+
+
+def flow_method(section) -> FlowMethod:
+  """The section's flow method; with `expert_lora.rank` > 0 the same method over params {"base": its params,
+  "adapters": LoRA adapters of its expert} (rlkit/embodied/flow_lora.py), acting and scored with the merged
+  expert."""
+  method = FLOW_METHODS.get(section.method)
+  lora = section.expert_lora
+  if not lora.rank:
+    return method
+
+  def merged(params):
+    base = params["base"]
+    return method.with_expert(base, flow_lora.merge(method.expert(base), params["adapters"], lora.alpha, lora.rank))
+
+  def init(flow_params, fc, cfg, obs_dim, key):
+    base = method.init(flow_params, fc, cfg, obs_dim, key)
+    return {"base": base, "adapters": flow_lora.init_adapters(method.expert(base), lora.targets, lora.rank,
+                                                              jax.random.fold_in(key, 0x10BA))}
+
+  def adapter(fc, cfg):
+    inner = method.adapter(fc, cfg)
+    return inner._replace(forward=lambda params, mb, keys: inner.forward(merged(params), mb, keys))
+  return method._replace(init=init, act=lambda params, *a: method.act(merged(params), *a), adapter=adapter,
+                         expert=lambda params: method.expert(merged(params)))
+
+
+def policy_optimizer(section) -> ml_collections.ConfigDict:
+  """The policy's optimizer section; with LoRA its expert's base weights are frozen (`optimizer.frozen`)."""
+  if not section.expert_lora.rank:
+    return section.optimizer
+  c = ml_collections.ConfigDict(section.optimizer.to_dict())
+  frozen = "^base/" + FLOW_METHODS.get(section.method).expert_path
+  c.frozen = f"{c.frozen}|{frozen}" if c.get("frozen") else frozen
+  return c
 
 
 def update_steps(section) -> int:
@@ -136,13 +180,13 @@ def expert_params(params, cfg, env, key):
 
 def _init(ctx, cfg, params):
   env, task = env_of(cfg)
-  fc, method = flow_config(cfg, env), FLOW_METHODS.get(cfg.method)
+  fc, method = flow_config(cfg, env), flow_method(cfg)
   key = jax.random.fold_in(ctx.key, 0xF1)
   policy = method.init(expert_params(params, cfg, env, key), fc, cfg, env.obs_dim, jax.random.fold_in(key, 1))
   critic = Critic(cfg.critic_hidden).init(jax.random.fold_in(key, 2), jnp.zeros((1, env.obs_dim)))["params"]
   obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.fold_in(key, 3), cfg.num_envs),
                                                            task)
-  return {"train": init_train_state(policy, make_optimizer(cfg.optimizer, update_steps(cfg)),
+  return {"train": init_train_state(policy, make_optimizer(policy_optimizer(cfg), update_steps(cfg)),
                                     gradient_path(cfg.optimizer)),
           "critic": init_train_state(critic, make_optimizer(cfg.critic_optimizer, update_steps(cfg))),
           "obs": obs, "env": env_state}
@@ -190,9 +234,9 @@ def _batch(traj, adv) -> TrainBatch:
 
 def _run(ctx, cfg, state, start: int, meta: dict):
   env, task = env_of(cfg)
-  fc, method = flow_config(cfg, env), FLOW_METHODS.get(cfg.method)
+  fc, method = flow_config(cfg, env), flow_method(cfg)
   lcfg = loss_config(cfg, method.steps(cfg))
-  tx, critic_tx = (make_optimizer(c, update_steps(cfg)) for c in (cfg.optimizer, cfg.critic_optimizer))
+  tx, critic_tx = (make_optimizer(c, update_steps(cfg)) for c in (policy_optimizer(cfg), cfg.critic_optimizer))
   policy_step = make_policy_step(method.adapter(fc, cfg), tx, lcfg, path=gradient_path(cfg.optimizer))
   critic = Critic(cfg.critic_hidden)
 
@@ -234,7 +278,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
 
 def evaluate(ctx, params, global_step: int, index: int, samples=None) -> dict:
   cfg = ctx.config[ctx.config.stages[index]]
-  return evaluate_expert(ctx, cfg, FLOW_METHODS.get(cfg.method).expert(params), global_step, index)
+  return evaluate_expert(ctx, cfg, flow_method(cfg).expert(params), global_step, index)
 
 
 register_stage("flow_rl", Stage(_init, _run, flow_rl_defaults, validate, needs=(), evaluate=evaluate))
