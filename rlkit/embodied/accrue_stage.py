@@ -30,7 +30,7 @@ import numpy as np
 from rlkit.core.errors import ConfigError
 from rlkit.core.types import Metric
 from rlkit.embodied import accrue
-from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, flow_config, flow_section
+from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, flow_config, flow_defaults
 from rlkit.embodied.episodes import chunk_collector, episode_labels, evaluate_policy, ring_push
 from rlkit.embodied.flow_rl_stage import expert_params
 from rlkit.envs import EnvParams, with_task
@@ -48,7 +48,7 @@ def accrue_defaults() -> ml_collections.ConfigDict:
   c.kind = "accrue"             # stage kind (registry STAGES)
   c.steps = 200                 # iterations in all: len(tasks) x steps_per_task
   env_fields(c)
-  c.flow = flow_section()       # the base's shape: the preceding flow_bc stage's
+  c.flow = flow_defaults()       # the base's shape: the preceding flow_bc stage's
   c.tasks = ()                  # the sequence: EnvParams fields over env_task per task (dicts); () = env_task alone
   c.steps_per_task = 200        # iterations on each task
   c.inherit = True              # keep actor and critics from task to task (False: Fresh-AC)

@@ -31,7 +31,7 @@ import ml_collections
 from rlkit.core.errors import ConfigError
 from rlkit.embodied.acob_loop import AcobLoop, critics
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, evaluate_expert, flow_config, \
-    flow_section
+    flow_defaults
 from rlkit.embodied.flow_rl_stage import expert_params
 from rlkit.optim.optimizers import make_optimizer
 from rlkit.train.config import optimizer_defaults
@@ -46,7 +46,7 @@ def acob_defaults() -> ml_collections.ConfigDict:
   c.kind = "acob"               # stage kind (registry STAGES)
   c.steps = 100                 # iterations (collect, then the phase's updates)
   env_fields(c)
-  c.flow = flow_section()       # the expert's shape: the preceding flow_bc stage's
+  c.flow = flow_defaults()       # the expert's shape: the preceding flow_bc stage's
   c.num_envs = 16               # environments stepped in parallel
   c.decisions = 8               # chunks each environment takes per iteration
   c.gamma = 0.99                # discount per environment step (gamma^H between decisions)

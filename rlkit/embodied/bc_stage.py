@@ -30,7 +30,7 @@ from rlkit.train.stages import Stage, loop, register_stage
 from rlkit.train.steps import init_train_state, make_update_step
 
 
-def flow_section() -> ml_collections.ConfigDict:
+def flow_defaults() -> ml_collections.ConfigDict:
   """The expert's shape (FlowConfig's fields but the action size, which the environment gives)."""
   c = ml_collections.ConfigDict()
   c.horizon = 4                 # actions per chunk, taken open loop before the policy decides again
@@ -56,7 +56,7 @@ def flow_bc_defaults() -> ml_collections.ConfigDict:
   c.steps = 500                 # optimizer steps
   c.batch_size = 256            # (obs, chunk) pairs per step
   env_fields(c)
-  c.flow = flow_section()
+  c.flow = flow_defaults()
   c.demo_envs = 64              # environments the scripted controller runs for the demonstrations
   c.demo_steps = 200            # steps each (episodes end and restart inside)
   c.demo_noise = 0.3            # std of the Gaussian noise on the executed actions (the labels stay clean)

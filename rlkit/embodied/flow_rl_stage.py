@@ -31,7 +31,7 @@ import numpy as np
 from rlkit.core.errors import ConfigError
 from rlkit.core.types import Metric, TrainBatch
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, evaluate_expert, flow_config, \
-    flow_section
+    flow_defaults
 from rlkit.embodied import flow_lora
 from rlkit.embodied.flow_methods import FLOW_METHODS, FlowMethod
 from rlkit.embodied.flow_rl import gae
@@ -49,7 +49,7 @@ def flow_rl_defaults() -> ml_collections.ConfigDict:
   c.kind = "flow_rl"            # stage kind (registry STAGES)
   c.steps = 100                 # iterations (collect, advantages, update)
   env_fields(c)
-  c.flow = flow_section()       # the expert's shape: the preceding flow_bc stage's
+  c.flow = flow_defaults()       # the expert's shape: the preceding flow_bc stage's
   c.method = "reinflow"         # registry FLOW_METHODS: reinflow (noise-injected chain) | fpo (CFM-loss ratio)
   c.chain = ml_collections.ConfigDict()
   c.chain.steps = 4             # denoising steps when acting (reinflow: the chain's K; fpo: the sampler's)

@@ -4,7 +4,8 @@ and the resolved config printed with them (`launch.py --print_config`).
 Fields are documented once, as the trailing comment of their assignment in `rlkit/train/config.py` (and the
 optimizer and role-model sections), so the printout can never disagree with the code: it *is* the code's
 comments. A defaults function that builds a section from another (`c = model_defaults()`, `c.optimizer =
-optimizer_defaults()`) contributes that function's comments under the section's prefix.
+optimizer_defaults()`) contributes that function's comments under the section's prefix, and a helper that adds
+shared fields to the section (`env_fields(c)`, any `*_fields(c)` call on its own line) contributes its own.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from rlkit.train.models import role_model_defaults
 
 _ASSIGN = re.compile(r"^\s*c((?:\.\w+)*)\s*=\s*(\w+)?")
 _CALL = re.compile(r"^\s*c(?:\.\w+)*\s*=\s*(\w+)\(\)\s*$")
+_FIELDS = re.compile(r"^\s*(\w+_fields)\(c\)\s*$")   # a helper that adds shared fields to the section, e.g. env_fields(c)
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,6 +38,11 @@ def field_comments(fn: Callable[[], ml_collections.ConfigDict]) -> dict[str, str
       comments[tok.start[0]] = tok.string.lstrip("#").strip()
   out, last = {}, None
   for number, line in enumerate(source.splitlines(), start=1):
+    helper = _FIELDS.match(line.split("#", 1)[0])
+    if helper and callable(fn.__globals__.get(helper.group(1))):
+      out.update(field_comments(fn.__globals__[helper.group(1)]))
+      last = None
+      continue
     match = _ASSIGN.match(line)
     if match:
       key = match.group(1).lstrip(".")
