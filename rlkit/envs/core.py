@@ -7,7 +7,8 @@
 episode draws its goal uniformly from that disk), how close counts (`goal_radius`), for how many consecutive steps
 (`hold_steps`: 1 is a reach, more is a precision task), the actuator gain (`action_gain`, multiplying the
 action), a constant drift added to the action after the gain (a force field, a biased joint, `drift`), the
-control cost and the episode length. A sequence of tasks is a sequence of params of one environment, so a
+control cost and the episode length. The reward is dense, -distance - ctrl_cost |a|^2, or with `sparse` 1 at the
+step that completes the task and 0 otherwise. A sequence of tasks is a sequence of params of one environment, so a
 continual-learning run changes numbers, not code, and a batch of tasks is one params pytree with a leading axis
 (`jax.vmap` over params as over keys).
 
@@ -45,6 +46,7 @@ class EnvParams:
   drift: Array = None
   ctrl_cost: float = 0.0
   max_steps: int = 100
+  sparse: int = 0               # 1: the reward is 1 at the step that completes the task and 0 otherwise
 
 
 VECTORS = ("goal_center", "drift")
@@ -113,7 +115,8 @@ class Env:
     success = hold >= params.hold_steps
     truncated = (t >= params.max_steps) & ~success
     done = success | truncated
-    reward = -distance - params.ctrl_cost * jnp.sum(clipped ** 2)
+    dense = -distance - params.ctrl_cost * jnp.sum(clipped ** 2)
+    reward = jnp.where(params.sparse > 0, success.astype(jnp.float32), dense)
     obs_reset, state_reset = self.reset(key, params)
     obs = jnp.where(done, obs_reset, self._observe(new, params))
     state = jax.tree.map(lambda a, b: jnp.where(done, a, b), state_reset, new)

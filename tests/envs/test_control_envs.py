@@ -55,6 +55,14 @@ def test_a_precision_task_succeeds_only_after_holding_and_then_resets():
     _, state, reward, done, info = step(jax.random.key(i), state, jnp.zeros(2), params)
     flags.append((bool(done), bool(info["success"]), int(info["steps"])))
   assert flags == [(False, False, 1), (False, False, 2), (False, False, 3), (True, True, 4)]
+  sparse = with_task(params, sparse=1)
+  _, state = env.reset(jax.random.key(0), sparse)
+  state = state.replace(pos=state.progress.goal + 0.01)
+  rewards = []
+  for i in range(4):
+    _, state, reward, _, _ = step(jax.random.key(i), state, jnp.zeros(2), sparse)
+    rewards.append(float(reward))
+  assert rewards == [0.0, 0.0, 0.0, 1.0]                          # sparse: 1 at the completing step only
   assert int(state.progress.t) == 0 and int(state.progress.hold) == 0           # a fresh episode
 
 
