@@ -61,7 +61,10 @@ SELF_SFT_STEPS = 900                # the main job's seed 0: 280 -> 1200 SFT ste
 DISTILL_STEPS = 400
 EVAL_EVERY = 100
 PROMPTS, SAMPLES = 32, 2            # 64 sequences an update, as SFT's batch of 64
-DISTILL_LR = 3e-4                   # between the main job's RL (1e-4) and SFT (1e-3) rates (README, "Setup")
+# The OPD rate: 3e-4 as pre-registered (between the main job's RL 1e-4 and SFT 1e-3 rates, README "Setup"); the
+# first gate's G3 failed (pilot gain 0.092 < 0.10, experiments/opd_scale/gate_attempt1), so its pre-registered
+# change applies: the SFT rate, 1e-3, iterations unchanged.
+DISTILL_LR = 1e-3
 DISTILL_WARMUP = 10
 # teacher -> the workdir (run preset teacher_<run>) and the stage whose last checkpoint and evaluation it is
 TEACHERS = {"tbase_sft": ("base", "sft"), "tbase_rl": ("base", "rl"), "t192sft": ("w192", "sft"),
