@@ -233,10 +233,14 @@ def run_attacks(sandbox: Sandbox, names=None) -> list[Outcome]:
     outcomes = []
     for name in names or ATTACKS.names():
       attack = ATTACKS.get(name)
-      result = sandbox.run(attack.job(ctx))
+      # A token on the program's command line that only this run's processes carry: other sandboxes on the
+      # machine (another test, an RL run's grader) also run /task/main.py and must not count as survivors.
+      token = f"rlkit-attack-{os.getpid()}-{ctx.port}-{name}"
+      job = attack.job(ctx)
+      result = sandbox.run(job._replace(argv=tuple(job.argv) + (token,)))
       time.sleep(0.05)   # let a killed namespace finish dying before the host looks
       contained, observed = attack.check(result, ctx)
-      left = _survivors(b"/task/main.py")
+      left = _survivors(token.encode())
       if left:
         contained, observed = False, f"{observed}; {len(left)} of its processes outlived the run"
       outcomes.append(Outcome(name, bool(contained), _ended(result), observed, round(result.wall_s, 3)))
