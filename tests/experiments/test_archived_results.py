@@ -22,7 +22,6 @@ PENDING = {
     "calibrated_is": "rerun from the base pre-registered", "calif": "rerun from the base pre-registered",
     "graft": "rerun from the base pre-registered", "onepo": "rerun from the base pre-registered",
     "prorubric": "rerun from the base pre-registered", "rquest": "rerun from the base pre-registered",
-    "tips": "rerun from the base pre-registered",
     "drm": "its runs predate the archive: rerun to archive", "grpo_arith": "its runs predate the archive: rerun to archive",
 }
 
