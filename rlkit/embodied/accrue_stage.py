@@ -32,7 +32,7 @@ from rlkit.core.types import Metric
 from rlkit.embodied import accrue
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, flow_config, flow_defaults
 from rlkit.embodied.episodes import chunk_collector, episode_labels, evaluate_policy, ring_push
-from rlkit.embodied.flow_rl_stage import expert_params
+from rlkit.embodied.expert_source import expert_params
 from rlkit.envs import EnvParams, with_task
 from rlkit.models.flow import sample
 from rlkit.optim.optimizers import gradient_path, make_optimizer
@@ -125,7 +125,7 @@ def _init(ctx, cfg, params):
   env, base_task = env_of(cfg)
   fc = flow_config(cfg, env)
   key = jax.random.fold_in(ctx.key, 0xACC)
-  base = expert_params(params, cfg, env, jax.random.fold_in(key, 0))
+  base = expert_params(params, cfg, env, fc, jax.random.fold_in(key, 0))
   actor, critic = _fresh(cfg, env, fc, key)
   tx, critic_tx = _optimizers(cfg)
   policy = {"actor": actor, "base": base}

@@ -32,7 +32,7 @@ from rlkit.core.errors import ConfigError
 from rlkit.embodied.acob_loop import AcobLoop, critics
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, evaluate_expert, flow_config, \
     flow_defaults
-from rlkit.embodied.flow_rl_stage import expert_params
+from rlkit.embodied.expert_source import expert_params
 from rlkit.optim.optimizers import make_optimizer
 from rlkit.train.config import optimizer_defaults
 from rlkit.train.stages import Stage, loop, register_stage
@@ -110,7 +110,7 @@ def _init(ctx, cfg, params):
   env, task = env_of(cfg)
   fc = flow_config(cfg, env)
   key = jax.random.fold_in(ctx.key, 0xAC0B)
-  ref = expert_params(params, cfg, env, jax.random.fold_in(key, 0))
+  ref = expert_params(params, cfg, env, fc, jax.random.fold_in(key, 0))
   _, _, critic_init = critics(cfg.critic_hidden)
   critic = critic_init(jax.random.fold_in(key, 1), env.obs_dim, fc.horizon * fc.action_dim)
   obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.fold_in(key, 2), cfg.num_envs),

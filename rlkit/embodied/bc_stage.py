@@ -21,8 +21,9 @@ import ml_collections
 from rlkit.core.errors import ConfigError
 from rlkit.core.types import Metric
 from rlkit.embodied.episodes import demonstrations, evaluate_policy
+from rlkit.embodied.expert_source import expert_params
 from rlkit.envs import ENVS, EnvParams, make_env
-from rlkit.models.flow import FlowConfig, cfm_loss, init_flow, sample
+from rlkit.models.flow import FlowConfig, cfm_loss, sample
 from rlkit.optim.optimizers import gradient_path, make_optimizer
 from rlkit.train.config import optimizer_defaults
 from rlkit.train.phases.update import reduce_over_steps
@@ -48,6 +49,8 @@ def env_fields(c: ml_collections.ConfigDict) -> None:
                                 # goal_spread, goal_radius, hold_steps, action_gain, drift, ctrl_cost, max_steps)
   c.eval_episodes = 64          # episodes of each evaluation (first episodes of fresh environments)
   c.sample_steps = 10           # Euler steps of the expert's deterministic sampler (evaluation)
+  c.expert_path = ""            # a run's first stage starts from the expert saved here (a workdir, its checkpoints
+                                # or one checkpoints/<step>; rlkit/embodied/expert_source.py), not a fresh one
 
 
 def flow_bc_defaults() -> ml_collections.ConfigDict:
@@ -104,7 +107,7 @@ def validate(section, name: str) -> None:
 
 def _init(ctx, cfg, params):
   env, _ = env_of(cfg)
-  flow = init_flow(flow_config(cfg, env), env.obs_dim, jax.random.fold_in(ctx.key, 0xB0))
+  flow = expert_params(params, cfg, env, flow_config(cfg, env), jax.random.fold_in(ctx.key, 0xB0))
   return {"train": init_train_state(flow, make_optimizer(cfg.optimizer, cfg.steps), gradient_path(cfg.optimizer))}
 
 

@@ -33,9 +33,9 @@ from rlkit.core.types import Metric, TrainBatch
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, evaluate_expert, flow_config, \
     flow_defaults
 from rlkit.embodied import flow_lora
+from rlkit.embodied.expert_source import expert_params
 from rlkit.embodied.flow_methods import FLOW_METHODS, FlowMethod
 from rlkit.embodied.flow_rl import gae
-from rlkit.models.flow import init_flow
 from rlkit.optim.optimizers import gradient_path, make_optimizer
 from rlkit.train.config import optimizer_defaults
 from rlkit.train.phases.update import ppo_updates
@@ -164,25 +164,11 @@ def loss_config(section, columns: int) -> ml_collections.ConfigDict:
   return c
 
 
-def expert_params(params, cfg, env, key):
-  """The preceding stage's flow expert, or a fresh one for a first stage; a clear error for anything else."""
-  fresh = init_flow(flow_config(cfg, env), env.obs_dim, key)
-  if params is None:
-    return fresh
-  same = jax.tree.structure(params) == jax.tree.structure(fresh) and all(
-      a.shape == b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(fresh)))
-  if not same:
-    raise ConfigError("An embodied stage starts from the preceding stage's flow expert, but its parameters are not "
-                      "an expert of this stage's `flow` fields and environment: put a flow_bc stage with the same flow "
-                      "and env fields before it, or make it the run's first stage (a fresh expert).")
-  return params
-
-
 def _init(ctx, cfg, params):
   env, task = env_of(cfg)
   fc, method = flow_config(cfg, env), flow_method(cfg)
   key = jax.random.fold_in(ctx.key, 0xF1)
-  policy = method.init(expert_params(params, cfg, env, key), fc, cfg, env.obs_dim, jax.random.fold_in(key, 1))
+  policy = method.init(expert_params(params, cfg, env, fc, key), fc, cfg, env.obs_dim, jax.random.fold_in(key, 1))
   critic = Critic(cfg.critic_hidden).init(jax.random.fold_in(key, 2), jnp.zeros((1, env.obs_dim)))["params"]
   obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.fold_in(key, 3), cfg.num_envs),
                                                            task)
