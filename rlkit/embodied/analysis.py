@@ -14,7 +14,9 @@ For a 2-D kernel change (`spectrum`), with singular values s:
   since a small kernel has a trivially low maximum rank.
 Shift vectors: `shift_vector` (the group's delta, flattened: weight space) and `function_shift` (the change of a
 module's outputs on fixed probes: function space); `cosine_matrix` compares tasks' vectors, `spearman` relates the
-similarities to measured transfer. `graft` applies alpha x the delta of chosen groups only (or of all the others).
+similarities to measured transfer. `graft` applies alpha x the delta of chosen groups only (or of all the others);
+`random_direction` is its control (random directions of the same per-leaf sizes); `adam_second_moments` finds the
+averaged squared gradients that `gradient_shares` reads in an Adam run's saved optimizer state.
 """
 from __future__ import annotations
 
@@ -127,6 +129,38 @@ def graft(p0: Any, p1: Any, groups: dict, which: tuple, alpha: float = 1.0, comp
     hit = group_of(path_str(path), groups) in which
     return a + alpha * (b - a) if hit != complement else a
   return jax.tree_util.tree_map_with_path(one, p0, p1)
+
+
+def random_direction(p0: Any, p1: Any, groups: dict, which: tuple, seed: int) -> Any:
+  """The random-direction control of `graft`: p0 plus, on the leaves of the groups `which`, a Gaussian direction
+  scaled to the norm of that leaf's delta p1 - p0 (the same step sizes, no learned direction)."""
+  rng = np.random.default_rng(seed)
+
+  def one(path, a, b):
+    if group_of(path_str(path), groups) not in which:
+      return a
+    r = rng.standard_normal(np.shape(a))
+    norm = np.linalg.norm(r)
+    return a + (np.linalg.norm(np.asarray(b) - np.asarray(a)) / norm if norm > 0 else 0.0) * r.astype(np.asarray(a).dtype)
+  return jax.tree_util.tree_map_with_path(one, p0, p1)
+
+
+def adam_second_moments(opt_state: Any) -> Any:
+  """The first `nu` subtree (optax's Adam / AdamW second-moment estimate, an average of squared gradients with the
+  params' tree) found in an optimizer state as a checkpoint restores it (nested dicts and lists); None if none."""
+  if isinstance(opt_state, dict):
+    if "nu" in opt_state:
+      return opt_state["nu"]
+    children = opt_state.values()
+  elif isinstance(opt_state, (list, tuple)):
+    children = opt_state
+  else:
+    return None
+  for child in children:
+    found = adam_second_moments(child)
+    if found is not None:
+      return found
+  return None
 
 
 def cosine_matrix(vectors: list) -> np.ndarray:

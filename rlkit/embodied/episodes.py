@@ -18,7 +18,7 @@ stages (acob, accrue) gather into their buffers.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -54,14 +54,14 @@ def demonstrations(env: Env, params: EnvParams, key: Array, envs: int, steps: in
   return np.concatenate(pairs_obs), np.concatenate(pairs_act)
 
 
-def evaluate_policy(env: Env, params: EnvParams, act: Callable[[Array, Array], Array], key: Array,
-                    episodes: int, horizon: int) -> dict:
-  """{"eval/success", "eval/distance", "eval/return", "eval/episodes"} of `act(obs [E, O], key) -> chunks
-  [E, H, A]` over `episodes` first episodes (module docstring)."""
-  decisions = math.ceil(int(params.max_steps) / horizon)
-
+def policy_evaluator(env: Env, act: Callable[[Any, Array, Array], Array], episodes: int, horizon: int,
+                     decisions: int) -> Callable:
+  """The jitted evaluation (policy params, task EnvParams, key) -> (success, final distance, return), each
+  [episodes], of `act(policy params, obs [E, O], key) -> chunks [E, H, A]` over `decisions` chunks of the first
+  episodes of fresh environments (module docstring): one compilation serves any params and task of these shapes
+  (an analysis evaluating many grafted experts on many tasks)."""
   @jax.jit
-  def run(key):
+  def run(policy, params, key):
     k_reset, k_run = jax.random.split(key)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, episodes), params)
     step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
@@ -71,7 +71,7 @@ def evaluate_policy(env: Env, params: EnvParams, act: Callable[[Array, Array], A
     def decide(carry, k):
       obs, state, ended, success, distance, ret = carry
       k_act, k_env = jax.random.split(k)
-      chunk = act(obs, k_act)
+      chunk = act(policy, obs, k_act)
 
       def one(c, h):
         obs, state, ended, success, distance, ret = c
@@ -83,10 +83,22 @@ def evaluate_policy(env: Env, params: EnvParams, act: Callable[[Array, Array], A
       return jax.lax.scan(one, (obs, state, ended, success, distance, ret), jnp.arange(horizon))[0], None
     final = jax.lax.scan(decide, carry0, jax.random.split(k_run, decisions))[0]
     return final[3], final[4], final[5]
+  return run
 
-  success, distance, ret = (np.asarray(x, np.float64) for x in run(key))
+
+def evaluation_row(success, distance, ret) -> dict:
+  success, distance, ret = (np.asarray(x, np.float64) for x in (success, distance, ret))
   return {"eval/success": float(success.mean()), "eval/distance": float(distance.mean()),
-          "eval/return": float(ret.mean()), "eval/episodes": episodes}
+          "eval/return": float(ret.mean()), "eval/episodes": int(success.size)}
+
+
+def evaluate_policy(env: Env, params: EnvParams, act: Callable[[Array, Array], Array], key: Array,
+                    episodes: int, horizon: int) -> dict:
+  """{"eval/success", "eval/distance", "eval/return", "eval/episodes"} of `act(obs [E, O], key) -> chunks
+  [E, H, A]` over `episodes` first episodes (module docstring; `policy_evaluator` for many evaluations)."""
+  decisions = math.ceil(int(params.max_steps) / horizon)
+  run = policy_evaluator(env, lambda _, obs, k: act(obs, k), episodes, horizon, decisions)
+  return evaluation_row(*run(None, params, key))
 
 
 def chunk_collector(env: Env, horizon: int, num_envs: int, decisions: int, gamma: float, act: Callable):

@@ -181,6 +181,17 @@ class CheckpointReader:
                        "state {'train': TrainState(step, params, opt_state), ...}.")
     return saved
 
+  def restore_state(self, step: int) -> Any:
+    """The whole saved state of `step` (params, optimizer state, everything else), every array on one device,
+    its tree read from the checkpoint's metadata: for analysis tools that need, e.g., Adam's second moments."""
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one),
+                          self._manager.item_metadata(step)[STATE].tree)
+    restore_args = jax.tree.map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding, dtype=t.dtype), target)
+    out = self._manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args)}))
+    return out[STATE]
+
   def restore_params(self, step: int, target: Any) -> Any:
     """`state["train"].params` of `step`, restored onto `target` (ShapeDtypeStructs with shardings).
 

@@ -87,3 +87,33 @@ def test_cosines_and_spearman():
   scipy_stats = pytest.importorskip("scipy.stats")
   x, y = [1, 2, 2, 3, 5, 4], [2, 1, 4, 4, 6, 3]
   assert analysis.spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y)[0])
+
+
+def test_the_random_direction_control_keeps_each_leafs_step_size_not_its_direction():
+  p0 = _params()
+  p1, _ = _plant(p0, module="time_mlp_in")
+  p1 = {**p1, "mlp_0_in": jax.tree.map(lambda x: x + 0.1, p1["mlp_0_in"])}
+  r = analysis.random_direction(p0, p1, GROUPS, ("timestep",), seed=3)
+  a, b, c = analysis._leaves(p0), analysis._leaves(p1), analysis._leaves(r)
+  for name in a:
+    if analysis.group_of(name, GROUPS) != "timestep":
+      np.testing.assert_array_equal(c[name], a[name])            # other groups untouched, even where p1 moved
+      continue
+    np.testing.assert_allclose(np.linalg.norm(c[name] - a[name]), np.linalg.norm(b[name] - a[name]), rtol=1e-5)
+  d_true, d_rand = b["time_mlp_in/kernel"] - a["time_mlp_in/kernel"], c["time_mlp_in/kernel"] - a["time_mlp_in/kernel"]
+  assert abs(np.sum(d_true * d_rand)) / (np.linalg.norm(d_true) * np.linalg.norm(d_rand)) < 0.2
+
+
+def test_adam_second_moments_are_found_in_a_chained_optimizer_state():
+  import optax
+  p = _params()
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3))
+  state = tx.init(p)
+  g = jax.tree.map(lambda x: jnp.full_like(x, 2.0), p)
+  _, state = tx.update(g, state, p)
+  as_restored = jax.tree.map(lambda x: x, state, is_leaf=lambda x: False)
+  nu = analysis.adam_second_moments({"0": None, "1": {"inner_state": [dict(as_restored[1].inner_state[0]._asdict())]}})
+  assert jax.tree.structure(nu) == jax.tree.structure(p)
+  for leaf in jax.tree.leaves(nu):        # one step of squared clipped gradients, scaled by 1 - b2
+    np.testing.assert_allclose(np.asarray(leaf), np.asarray(leaf).flat[0])
+  assert analysis.adam_second_moments({"a": [1, {"b": 2}]}) is None
