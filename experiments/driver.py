@@ -31,6 +31,11 @@ def read_json(path: str):
     return json.load(f)
 
 
+def is_evaluation(row: dict) -> bool:
+  """Whether a metrics row is a held-out evaluation (any stage's: eval/accuracy, an embodied stage's eval/success)."""
+  return any(k.startswith("eval/") for k in row)
+
+
 def stage_done(config: dict, rows: list) -> bool:
   """Whether the last stage of a run (its config.json, its metrics.jsonl rows) ended: its last evaluation is at
   the stage's last configured step, or at the step where the stage stopped early because its loss average fell
@@ -38,7 +43,7 @@ def stage_done(config: dict, rows: list) -> bool:
   (`eval_every`) and was interrupted has evaluations too, at neither."""
   stage = config["stages"][-1]
   end = sum(config[s]["steps"] for s in config["stages"])       # global steps: the stages' configured lengths
-  evals = [r for r in rows if r.get("stage") == stage and "eval/accuracy" in r]
+  evals = [r for r in rows if r.get("stage") == stage and is_evaluation(r)]
   if not evals:
     return False
   step, threshold = evals[-1]["step"], config[stage].get("stop_at_loss", 0.0)
@@ -201,7 +206,7 @@ def last_eval(path: str):
   from rlkit.train.metrics import read_metrics
   if not os.path.exists(os.path.join(path, "metrics.jsonl")):
     return None
-  rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "eval/accuracy" in r]
+  rows = [r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if is_evaluation(r)]
   return rows[-1] if rows else None
 
 
