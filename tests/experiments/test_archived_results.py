@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # (issue 31) and its rerun archives into experiments/<name>/runs/.
 PENDING = {
     "calibrated_is": "rerun from the base pre-registered", "calif": "rerun from the base pre-registered",
-    "graft": "rerun from the base pre-registered", "onepo": "rerun from the base pre-registered",
+    "graft": "rerun from the base pre-registered",
     "prorubric": "rerun from the base pre-registered", "rquest": "rerun from the base pre-registered",
     "drm": "its runs predate the archive: rerun to archive", "grpo_arith": "its runs predate the archive: rerun to archive",
 }
