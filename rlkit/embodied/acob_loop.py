@@ -11,6 +11,7 @@ actor side and a learner side, so one code path serves the stage's plain loop an
   iteration(state, key, step) = collect(snapshot(state), ...) then learn(...): the stage's loop
 
 `success_of(params, step)` is the trip-wire's evaluation (the stage passes its evaluation of the expert).
+`learn_steps(section)` is how many learn steps the stage takes (what its optimizers' schedules span).
 """
 from __future__ import annotations
 
@@ -103,6 +104,11 @@ def _draw(buffer: dict, key, batch: int) -> dict:
   return {k: buffer[k][idx] for k in BUFFER_FIELDS}
 
 
+def learn_steps(cfg) -> int:
+  """The stage's learn steps: one per iteration, or `stream.block` per iteration in a stream mode."""
+  return cfg.steps * (cfg.stream.block if cfg.stream.mode != "off" else 1)
+
+
 class AcobLoop:
   """The jitted pieces of ACoB's iteration for one stage section (module docstring)."""
 
@@ -115,7 +121,7 @@ class AcobLoop:
     (self.targets, critic_loss, self.actor_loss, self.actor_batch, self.polyak, self.q) = update_fns(cfg, fc, ref)
     self.gamma_h = cfg.gamma ** fc.horizon
     self.critic_step = make_update_step(critic_loss, make_optimizer(cfg.critic_optimizer,
-                                                                    cfg.steps * cfg.critic_updates),
+                                                                    learn_steps(cfg) * cfg.critic_updates),
                                         1, lambda b: {"num_rows": jnp.sum(b["mask"])})
     self._actor_steps = {}
     q = self.q
@@ -135,7 +141,7 @@ class AcobLoop:
       cfg = self.cfg
       section = ml_collections.ConfigDict(cfg.optimizer.to_dict())
       section.lr = cfg.optimizer.lr * scale
-      self._actor_steps[scale] = make_update_step(self.actor_loss, make_optimizer(section, cfg.steps * max(
+      self._actor_steps[scale] = make_update_step(self.actor_loss, make_optimizer(section, learn_steps(cfg) * max(
           cfg.actor_updates, 1)), 1, lambda b: {"num_rows": b["obs"].shape[0]})
     return self._actor_steps[scale]
 

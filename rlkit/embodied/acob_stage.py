@@ -29,13 +29,14 @@ import jax.numpy as jnp
 import ml_collections
 
 from rlkit.core.errors import ConfigError
-from rlkit.embodied.acob_loop import AcobLoop, critics
+from rlkit.embodied.acob_loop import AcobLoop, critics, learn_steps
+from rlkit.embodied.stream import STREAM_MODES, block_metrics, run_stream
 from rlkit.embodied.bc_stage import StepIterator, check_env_fields, env_fields, env_of, evaluate_expert, flow_config, \
     flow_defaults
 from rlkit.embodied.expert_source import expert_params
 from rlkit.optim.optimizers import make_optimizer
 from rlkit.train.config import optimizer_defaults
-from rlkit.train.stages import Stage, loop, register_stage
+from rlkit.train.stages import Stage, loop, register_stage, stage_key
 from rlkit.train.steps import init_train_state
 
 PHASES = {1: "calibrate", 2: "td", 3: "improve"}
@@ -73,6 +74,15 @@ def acob_defaults() -> ml_collections.ConfigDict:
   c.beta_max = 100.0
   c.check_every = 10            # phase 3: evaluate the actor every N iterations for the trip-wire
   c.margin = 0.1                # trip-wire: success below pi_ref's minus this rolls the actor back (inf: off)
+  c.stream = ml_collections.ConfigDict()       # ACoB-Stream (rlkit/embodied/stream.py)
+  c.stream.mode = "off"         # off: the plain loop | sync: the actor and learner sides in one thread (equals off
+                                # with block 1) | stream: on two threads, neither waiting (not deterministic)
+  c.stream.block = 10           # sync/stream: learn steps per stage iteration (the worker thread lives one block;
+                                # checkpoints fall between blocks; `steps` counts blocks)
+  c.stream.publish_every = 1    # learn steps between the learner's publications of its params
+  c.stream.max_staleness = 1    # collections older than this many publications train the critic only
+  c.stream.infer_s = 0.0        # emulated inference seconds per collection (a large VLA's forward)
+  c.stream.exec_s = 0.0         # emulated execution seconds per chunk (a robot acting)
   c.eval_every = 0              # logged evaluations every N iterations (0: only at the end)
   c.max_skipped_updates = 10
   c.optimizer = optimizer_defaults()           # the actor's
@@ -96,6 +106,12 @@ def validate(section, name: str) -> None:
                       f"({section.num_envs * section.decisions} decisions).")
   if not (0 < section.gamma <= 1 and 0 < section.tau <= 1 and section.lam > 0 and section.w_max > 0):
     raise ConfigError(f"{name}: gamma and tau in (0, 1], lam and w_max > 0.")
+  st = section.stream
+  if st.mode not in STREAM_MODES:
+    raise ConfigError(f"{name}.stream.mode={st.mode!r}; choose one of {', '.join(STREAM_MODES)}.")
+  if st.block < 1 or st.publish_every < 1 or st.max_staleness < 0 or st.infer_s < 0 or st.exec_s < 0:
+    raise ConfigError(f"{name}.stream: block and publish_every >= 1, max_staleness, infer_s and exec_s >= 0, got "
+                      f"{st.to_dict()}.")
 
 
 def _buffer(cfg, obs_dim, horizon, action_dim) -> dict:
@@ -117,9 +133,9 @@ def _init(ctx, cfg, params):
                                                            task)
   first = 1 if cfg.calibrate_steps else 2 if cfg.td_steps else 3
   copy = lambda tree: jax.tree.map(jnp.copy, tree)             # noqa: E731 (the update steps donate their states)
-  return {"train": init_train_state(copy(ref), make_optimizer(cfg.optimizer, cfg.steps * max(cfg.actor_updates, 1))),
+  return {"train": init_train_state(copy(ref), make_optimizer(cfg.optimizer, learn_steps(cfg) * max(cfg.actor_updates, 1))),
           "critic": init_train_state(copy(critic), make_optimizer(cfg.critic_optimizer,
-                                                                  cfg.steps * cfg.critic_updates)),
+                                                                  learn_steps(cfg) * cfg.critic_updates)),
           "target": critic, "ref": ref, "buffer": _buffer(cfg, env.obs_dim, fc.horizon, fc.action_dim),
           "obs": obs, "env": env_state,
           "acob": {"phase": jnp.int32(first), "phase_steps": jnp.int32(0), "td_round": jnp.int32(0),
@@ -132,8 +148,18 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   acob_loop = AcobLoop(cfg, state["ref"], lambda params, step: evaluate_expert(
       ctx, cfg, params, 1_000_000 + step, index)["eval/success"])
 
-  def iteration(state, _, key, iterator, step):
-    return acob_loop.iteration(state, key, step)
+  st = cfg.stream
+  if st.mode == "off":
+    def iteration(state, _, key, iterator, step):
+      return acob_loop.iteration(state, key, step)
+  else:
+    key0 = stage_key(ctx, index)
+
+    def iteration(state, _, key, iterator, step):          # one block of learn steps (ACoB-Stream)
+      state, rows, stats = run_stream(acob_loop, state, st.block, key0, mode=st.mode, start=step * st.block,
+                                      publish_every=st.publish_every, max_staleness=st.max_staleness,
+                                      infer_s=st.infer_s, exec_s=st.exec_s)
+      return state, block_metrics(rows, stats), stats["skipped"]
 
   return loop(ctx, cfg, state, start, meta, StepIterator(), iteration, ("reward", "success", "acob/phase"))
 

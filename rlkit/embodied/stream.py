@@ -16,7 +16,8 @@ capped by the cores (2 here: threads share them with XLA).
 
 `run_stream` returns the learner's state, its metric rows (one per learn step, with `stream/staleness` and
 `stream/actor_used`) and the run's counts and rates (collections, learn steps, seconds, decisions/s, learns/s,
-the staleness histogram).
+the staleness histogram, the learn steps' skipped-update flags). The acob stage runs it one block of learn steps
+per iteration (`acob.stream`, configs); `block_metrics` is such an iteration's metrics row.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+
+STREAM_MODES = ("off", "sync", "stream")     # the acob stage's `stream.mode` ("off": its plain loop)
 
 
 class Published:
@@ -56,7 +60,7 @@ def run_stream(loop, state: dict, steps: int, key, mode: str = "sync", publish_e
   the stage's iteration `start + i` under `key` (the stage's key)."""
   if mode not in ("sync", "stream"):
     raise ValueError(f"run_stream: mode={mode!r}; use 'sync' or 'stream'.")
-  rows, staleness = [], {}
+  rows, staleness, flags = [], {}, []
   t0 = time.perf_counter()
   decisions = loop.cfg.num_envs * loop.cfg.decisions
   if mode == "sync":
@@ -65,7 +69,8 @@ def run_stream(loop, state: dict, steps: int, key, mode: str = "sync", publish_e
       time.sleep(infer_s)
       batch, stats, obs, env_state = loop.collect(loop.snapshot(state), state["obs"], state["env"], k_col)
       time.sleep(exec_s * loop.cfg.decisions)
-      state, metrics, _ = loop.learn(state, batch, stats, k_learn, start + i)
+      state, metrics, skipped = loop.learn(state, batch, stats, k_learn, start + i)
+      flags += [int(x) for x in skipped]
       state = {**state, "obs": obs, "env": env_state}
       rows.append({**metrics, "stream/staleness": 0, "stream/actor_used": 1.0})
       staleness[0] = staleness.get(0, 0) + 1
@@ -115,7 +120,8 @@ def run_stream(loop, state: dict, steps: int, key, mode: str = "sync", publish_e
         lag = published.version - version
         staleness[lag] = staleness.get(lag, 0) + 1
         _, k_learn = _keys(key, start + i)
-        state, metrics, _ = loop.learn(state, batch, stats, k_learn, start + i, actor_ok=lag <= max_staleness)
+        state, metrics, skipped = loop.learn(state, batch, stats, k_learn, start + i, actor_ok=lag <= max_staleness)
+        flags += [int(x) for x in skipped]
         rows.append({**metrics, "stream/staleness": lag, "stream/actor_used": float(lag <= max_staleness)})
         since += 1
         if since >= publish_every:
@@ -128,4 +134,18 @@ def run_stream(loop, state: dict, steps: int, key, mode: str = "sync", publish_e
   seconds = time.perf_counter() - t0
   return state, rows, {"collections": collections, "learn_steps": steps, "seconds": seconds,
                        "decisions_per_s": collections * decisions / seconds, "learns_per_s": steps / seconds,
-                       "staleness": dict(sorted(staleness.items()))}
+                       "staleness": dict(sorted(staleness.items())), "skipped": flags}
+
+
+def block_metrics(rows: list, stats: dict) -> dict:
+  """One stage iteration's metrics from a block of learn steps: each metric's mean over the block (the acob/*
+  state, e.g. the phase and beta, as at the block's end), plus the block's decisions/s, learns/s and mean
+  staleness."""
+  out = {}
+  for key in {k for r in rows for k in r}:
+    values = [float(r[key]) for r in rows if key in r]
+    out[key] = values[-1] if key.startswith("acob/") else sum(values) / len(values)
+  lags = stats["staleness"]
+  out.update({"stream/decisions_per_s": stats["decisions_per_s"], "stream/learns_per_s": stats["learns_per_s"],
+              "stream/staleness": sum(k * n for k, n in lags.items()) / max(sum(lags.values()), 1)})
+  return out
