@@ -83,6 +83,21 @@ def launch(root: str, path: str, config: str, args: list, lock: str, dry_run: bo
   return rc
 
 
+def run_script(out: str, script: str, args: list, lock: str, dry_run: bool, tag: str) -> int:
+  """`python SCRIPT ARGS` from the repository root (under `flock LOCK`), unless its output OUT exists (a driver's
+  measurement step between runs, e.g. an analysis of finished workdirs); its exit status."""
+  if os.path.exists(out):
+    return 0
+  cmd = (["flock", lock] if lock else []) + [sys.executable, script, *args]
+  print(f"[{tag}] " + " ".join(cmd), flush=True)
+  if dry_run:
+    return 0
+  t0 = time.time()
+  rc = subprocess.call(cmd, cwd=REPO)
+  print(f"[{tag}] {script}: exit {rc} after {time.time() - t0:.0f} s", flush=True)
+  return rc
+
+
 def command_walls(root: str) -> dict:
   """{workdir: its commands' wall seconds} from ROOT/runs.jsonl (a resumed run's parts add up)."""
   walls = {}

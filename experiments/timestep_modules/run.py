@@ -12,15 +12,13 @@ measurements are one experiments/timestep_modules/analyze.py subprocess writing 
 Finished workdirs and analyses are skipped, unfinished runs resumed (experiments/driver.py).
 """
 import os
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from configs.timestep_modules import ARMS, QUICK, TASKS  # noqa: E402
-from experiments.driver import finished, launch, use_compilation_cache  # noqa: E402
+from experiments.driver import finished, launch, run_script, use_compilation_cache  # noqa: E402
 from experiments.gate import (GATE_FAILED, archive_with_gate, check, projected_minutes, record_gate,  # noqa: E402
                               parse_driver_args, report)
 
@@ -41,18 +39,9 @@ def analysis_path(root: str, seed: int) -> str:
 
 def analyze(args, seed: int) -> int:
   """experiments/timestep_modules/analyze.py for `seed` (under the lock), unless its JSON is there."""
-  if os.path.exists(analysis_path(args.root, seed)):
-    return 0
-  cmd = [sys.executable, "experiments/timestep_modules/analyze.py", f"--root={args.root}", f"--seed={seed}"]
-  cmd += ["--quick"] if args.quick else []
-  cmd = (["flock", args.lock] if args.lock else []) + cmd
-  print(f"[{TAG}] " + " ".join(cmd), flush=True)
-  if args.dry_run:
-    return 0
-  t0 = time.time()
-  rc = subprocess.call(cmd, cwd=ROOT)
-  print(f"[{TAG}] analysis of seed {seed}: exit {rc} after {time.time() - t0:.0f} s", flush=True)
-  return rc
+  return run_script(analysis_path(args.root, seed), "experiments/timestep_modules/analyze.py",
+                    [f"--root={args.root}", f"--seed={seed}", *(["--quick"] if args.quick else [])], args.lock,
+                    args.dry_run, TAG)
 
 
 def gate(args) -> bool:
