@@ -133,7 +133,8 @@ def _init(ctx, cfg, params):
                                                            task)
   first = 1 if cfg.calibrate_steps else 2 if cfg.td_steps else 3
   copy = lambda tree: jax.tree.map(jnp.copy, tree)             # noqa: E731 (the update steps donate their states)
-  return {"train": init_train_state(copy(ref), make_optimizer(cfg.optimizer, learn_steps(cfg) * max(cfg.actor_updates, 1))),
+  actor_tx = make_optimizer(cfg.optimizer, learn_steps(cfg) * max(cfg.actor_updates, 1))
+  return {"train": init_train_state(copy(ref), actor_tx),
           "critic": init_train_state(copy(critic), make_optimizer(cfg.critic_optimizer,
                                                                   learn_steps(cfg) * cfg.critic_updates)),
           "target": critic, "ref": ref, "buffer": _buffer(cfg, env.obs_dim, fc.horizon, fc.action_dim),

@@ -141,7 +141,8 @@ def random_direction(p0: Any, p1: Any, groups: dict, which: tuple, seed: int) ->
       return a
     r = rng.standard_normal(np.shape(a))
     norm = np.linalg.norm(r)
-    return a + (np.linalg.norm(np.asarray(b) - np.asarray(a)) / norm if norm > 0 else 0.0) * r.astype(np.asarray(a).dtype)
+    scale = np.linalg.norm(np.asarray(b) - np.asarray(a)) / norm if norm > 0 else 0.0
+    return a + scale * r.astype(np.asarray(a).dtype)
   return jax.tree_util.tree_map_with_path(one, p0, p1)
 
 
