@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from configs.acob import ARMS, THROUGHPUT  # noqa: E402
+from benchmarks._common import commit  # noqa: E402
 from experiments.driver import finished, launch, read_json, run_script, use_compilation_cache  # noqa: E402
 from experiments.gate import (GATE_FAILED, archive_with_gate, check, parse_driver_args, projected_minutes,  # noqa: E402
                               record_gate, report)
@@ -53,13 +54,13 @@ def gate(args) -> bool:
 def main(argv=None) -> int:
   args = parse_driver_args(__doc__, "/tmp/acob", list(ARMS), ARCHIVE, argv)
   use_compilation_cache(args.root)
-  failed = []
+  failed, rev = [], commit()
 
   def train(seed, preset, expert=True):
     path = os.path.join(args.root, f"{preset}_s{seed}")
     extra = [f"--config.acob.expert_path={os.path.join(args.root, f'bc_s{seed}')}"] if expert else []
     if launch(args.root, path, f"{CONFIG}:{preset}", [f"--config.seed={seed}", *extra], args.lock, args.dry_run,
-              TAG, name=preset, seed=seed):
+              TAG, name=preset, seed=seed, commit=rev):
       failed.append(path)
     return path
 

@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from configs.timestep_modules import ARMS, QUICK, TASKS  # noqa: E402
+from benchmarks._common import commit  # noqa: E402
 from experiments.driver import finished, launch, run_script, use_compilation_cache  # noqa: E402
 from experiments.gate import (GATE_FAILED, archive_with_gate, check, projected_minutes, record_gate,  # noqa: E402
                               parse_driver_args, report)
@@ -68,12 +69,12 @@ def main(argv=None) -> int:
   args.quick = quick
   use_compilation_cache(args.root)
   smoke = [f"--config.{k}={v}" for k, v in QUICK.items()] if quick else []
-  failed = []
+  failed, rev = [], commit()
 
   def train(seed, preset, extra=()):
     path = os.path.join(args.root, f"{preset}_s{seed}")
     if launch(args.root, path, f"{CONFIG}:{preset}", [f"--config.seed={seed}", *smoke, *extra], args.lock,
-              args.dry_run, TAG, name=preset, seed=seed):
+              args.dry_run, TAG, name=preset, seed=seed, commit=rev):
       failed.append(path)
     return path
 

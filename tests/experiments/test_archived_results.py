@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The runs of these were made before the archive existed and left no data; each is pre-registered again
 # (issue 31) and its rerun archives into experiments/<name>/runs/.
 PENDING = {
-    "calibrated_is": "rerun from the base pre-registered", "calif": "rerun from the base pre-registered",
+    "calif": "rerun from the base pre-registered",
     "graft": "rerun from the base pre-registered",
     "prorubric": "rerun from the base pre-registered", "rquest": "rerun from the base pre-registered",
     "drm": "its runs predate the archive: rerun to archive", "grpo_arith": "its runs predate the archive: rerun to archive",
