@@ -1,9 +1,11 @@
 """Summarise grpo_arith runs: a markdown table of held-out accuracy per seed and a PNG of the curves.
 
-  python experiments/grpo_arith/summarize.py /tmp/grpo_arith_s0 /tmp/grpo_arith_s1 /tmp/grpo_arith_s2 [--out=DIR]
+  python experiments/grpo_arith/summarize.py --root=experiments/grpo_arith/runs [--seeds=0,1,2,3,4] [--out=DIR]
+  python experiments/grpo_arith/summarize.py /tmp/grpo_arith_s0 /tmp/grpo_arith_s1 [--out=DIR]   # any workdirs
 
-Reads each workdir's config.json and metrics.jsonl; prints the table (paste it into results.md) and writes
-accuracy.png into the folder the workdirs share (/tmp above; a lone workdir: itself), or where --out says.
+Reads each workdir's config.json and metrics.jsonl (ROOT/cpu_s<seed>, as experiments/grpo_arith/run.py writes and
+archives them, or the workdirs named); prints the table and writes accuracy.png into the folder the workdirs
+share (a lone workdir: itself), or where --out says.
 """
 import argparse
 import os
@@ -29,9 +31,16 @@ def load(workdir):
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("workdirs", nargs="+")
+  p.add_argument("workdirs", nargs="*")
+  p.add_argument("--root", default="", help="a driver's root or archive: its cpu_s<seed> workdirs")
+  p.add_argument("--seeds", default="0,1,2,3,4")
   add_summary_args(p)
   args = p.parse_args(argv)
+  if args.root:
+    args.workdirs = [os.path.join(args.root, f"cpu_s{s}") for s in args.seeds.split(",")
+                     if os.path.exists(os.path.join(args.root, f"cpu_s{s}", "metrics.jsonl"))]
+  if not args.workdirs:
+    p.error("give workdirs, or --root with finished cpu_s<seed> workdirs")
   runs = [load(w) for w in args.workdirs]
   pk = next(k for k in runs[0]["rl"] if k.startswith("eval/pass@"))
   print(f"| seed | SFT steps | SFT greedy acc | RL greedy acc | gain (points) | SFT {pk[5:]} | RL {pk[5:]} | "
