@@ -9,8 +9,9 @@ critics twin Q with targets (TD3: target copies, `policy_delay`). One iteration:
 of `num_envs` environments of the current task with mu plus `explore_noise`, push them to the task's buffer, then
 `critic_updates` critic steps on batches of which `p_mem` come from the memory of earlier tasks (their MC returns
 consolidate the critic, their successful chunks the actor: `critic_mc`, `lambda_bc`), with an actor step every
-`policy_delay` critic steps, except in the first `n_warm` iterations of a task after the first (the inherited
-critic recalibrates on the new reward first).
+`policy_delay` critic steps, except in the first `n_warm` iterations of every task (the critic learns the task's
+reward first: on the first task it starts random, on a later one it is inherited from another reward; an actor
+trained on such a critic drags the base's good chunks away, which probes of the first task showed).
 At a task's end: its last collection's per-environment segments are the candidate trajectories, `per_task` of them
 kept (`memory_mode`: top return or reservoir); then every task of the sequence is evaluated (`accrue/success_t<j>`,
 the forgetting matrix's row); then, unless `inherit`, the actor and critics start afresh (Fresh-AC); the buffer
@@ -63,7 +64,7 @@ def accrue_defaults() -> ml_collections.ConfigDict:
   c.batch_size = 256            # rows per step
   c.buffer = 20_000             # the current task's replay capacity (decisions)
   c.tau = 0.01                  # Polyak rate of the target actor and critics
-  c.n_warm = 5                  # critic-only iterations at the start of every task after the first
+  c.n_warm = 5                  # critic-only iterations at the start of every task
   c.per_task = 16               # trajectories kept in memory per task
   c.memory_mode = "top_return"  # top_return | reservoir
   c.p_mem = 0.25                # share of each batch drawn from the memory of earlier tasks
@@ -202,7 +203,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
             "has_mc": flat(has_end), "success": flat(succ)}
     buffer = ring_push(state["buffer"], rows)
     train, critic, target = state["train"], state["critic"], state["target"]
-    warm = t > 0 and within < cfg.n_warm
+    warm = within < cfg.n_warm         # every task: the first's critic starts random, a later one's inherited
     metrics, skipped = {"accrue/task": t, "reward": float(traj["reward"].mean()),
                         "success": float(traj["success"].sum()) / max(float(traj["done"].sum()), 1.0)}, []
     for u in range(cfg.critic_updates):
