@@ -8,7 +8,9 @@ or language model is built.
   python launch.py --config=configs/embodied.py:test --workdir=/tmp/embodied_test       # seconds
 
 A task is `--config.bc.env_task='{"goal_center": [0.1, 0.0], "drift": [0.2, 0.0]}'` (rlkit/envs/core.py's
-EnvParams fields; `rl.env_task` is the RL stage's, e.g. a drift the cloned controller never saw); presets:
+EnvParams fields; `rl.env_task` is the RL stage's, e.g. a drift the cloned controller never saw). One cloned expert
+can start many RL runs: `--config.stages='("rl",)' --config.rl.expert_path=BC_WORKDIR` (any embodied section's
+`expert_path`; rlkit/embodied/expert_source.py). Presets:
 """
 import ml_collections
 
