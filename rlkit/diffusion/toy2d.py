@@ -80,3 +80,42 @@ def ring(k: int = 8, radius: float = 2.0, std: float = 0.25) -> Mixture:
   angles = 2 * np.pi * np.arange(k) / k
   means = radius * np.stack([np.cos(angles), np.sin(angles)], -1)
   return Mixture(np.full(k, 1.0 / k), means, np.tile(std ** 2 * np.eye(2), (k, 1, 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptTask:
+  """The conditional 2-D task (methods/embodied.md §1.4): prompt c has its own mixture of `modes` Gaussians, one of
+  them rare (weight `rare_weight`), and the reward r(x, c) = -||x - g_c||^2 points at that rare mode's mean g_c
+  (plus, optionally, a hackable term gamma x[0] off the data), so the KL-regularised optimum of each prompt is
+  `tilted(mixtures[c], reward_of(c), beta)` exactly (the hackable term is linear: still a quadratic reward)."""
+  mixtures: tuple
+  goals: np.ndarray              # [P, 2]
+  gamma: float = 0.0
+
+  def reward_of(self, c: int, hackable: bool = True) -> QuadraticReward:
+    return QuadraticReward(center=self.goals[c], precision=2.0 * np.eye(2),
+                           linear=np.array([self.gamma if hackable else 0.0, 0.0]))
+
+  def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt ids [n], points [n, 2]): the pretraining data, prompts uniform."""
+    c = rng.integers(0, len(self.mixtures), n)
+    x = np.empty((n, 2))
+    for k in range(len(self.mixtures)):
+      idx = np.flatnonzero(c == k)
+      x[idx] = self.mixtures[k].sample(rng, len(idx))
+    return c, x
+
+
+def prompt_task(seed: int = 0, prompts: int = 8, modes: int = 3, radius: float = 2.0, std: float = 0.3,
+                rare_weight: float = 0.1, gamma: float = 0.0) -> PromptTask:
+  """`prompts` mixtures with modes at random angles on a circle of `radius`, the first mode of each rare."""
+  rng = np.random.default_rng(seed)
+  mixtures, goals = [], []
+  for _ in range(prompts):
+    angles = rng.uniform(0, 2 * np.pi, modes)
+    means = radius * np.stack([np.cos(angles), np.sin(angles)], -1)
+    weights = np.full(modes, (1 - rare_weight) / (modes - 1))
+    weights[0] = rare_weight
+    mixtures.append(Mixture(weights, means, np.tile(std ** 2 * np.eye(2), (modes, 1, 1))))
+    goals.append(means[0])
+  return PromptTask(tuple(mixtures), np.stack(goals), gamma)

@@ -47,3 +47,18 @@ def test_the_optimum_beats_perturbed_mixtures_on_the_regularised_objective():
   np.testing.assert_allclose(samples.mean(0), (q.weights[:, None] * q.means).sum(0), atol=0.05)
   with pytest.raises(ValueError, match="beta=0"):
     tilted(p, REWARD, 0)
+
+
+def test_the_prompt_task_rewards_its_rare_mode_and_its_optimum_moves_mass_there():
+  from rlkit.diffusion.toy2d import prompt_task
+  task = prompt_task(seed=3, prompts=4, gamma=0.5)
+  rng = np.random.default_rng(0)
+  c, x = task.sample(rng, 4000)
+  assert set(np.unique(c)) == {0, 1, 2, 3} and x.shape == (4000, 2)
+  for k in range(4):
+    p = task.mixtures[k]
+    assert p.weights[0] == pytest.approx(0.1) and np.allclose(task.goals[k], p.means[0])
+    q, _ = tilted(p, task.reward_of(k, hackable=False), beta=0.5)
+    assert q.weights[0] > 0.9                                  # the optimum puts its mass on the rare mode
+    r = task.reward_of(k)
+    np.testing.assert_allclose(r(np.array([1.0, 2.0])) - task.reward_of(k, hackable=False)(np.array([1.0, 2.0])), 0.5)
