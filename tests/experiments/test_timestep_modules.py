@@ -1,6 +1,7 @@
 """experiments/timestep_modules: the presets differ in their optimizer, LoRA and task fields only and validate; the
 driver stops at a failed gate before any other run; the analysis reads real (tiny) runs' checkpoints into every
-measure; the summary's verdicts follow README's rules on hand-written analyses."""
+measure (`slow`: `pytest -m slow tests/experiments/test_timestep_modules.py`); the summary's verdicts follow
+README's rules on hand-written analyses."""
 import json
 import os
 import sys
@@ -74,6 +75,7 @@ def tiny_runs(tmp_path_factory):
   return str(root)
 
 
+@pytest.mark.slow            # nine tiny trainings (about a minute on 2 cores): with the experiment-sized runs
 def test_the_analysis_measures_real_runs(tiny_runs):
   from analyze import analyze, pilot_measure, transfer_correlation
   out = analyze(tiny_runs, 0, quick=True)
