@@ -253,10 +253,11 @@ def budget_projection(root: str, gate_paths, arm_runs: int, gate_steps: int, ite
           "steps_that_fit": fit}
 
 
-def finish_driver(args, tag: str, keys, failed: list) -> int:
-  """A driver's end: the archive (`args.archive`, unless '' or a dry run), then its exit status (`report`)."""
+def finish_driver(args, tag: str, keys, failed: list, files=()) -> int:
+  """A driver's end: the archive (`args.archive`, unless '' or a dry run; with `files`, names under ROOT copied
+  beside the runs), then its exit status (`report`)."""
   if args.archive and not args.dry_run:
-    names = archive_with_gate(args.root, args.archive, keys)
+    names = archive_with_gate(args.root, args.archive, keys, files)
     print(f"[{tag}] archived {len(names)} workdir(s) into {args.archive}: {', '.join(names) or '-'}", flush=True)
   return report(tag, failed)
 

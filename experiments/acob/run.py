@@ -19,8 +19,8 @@ sys.path.insert(0, ROOT)
 from configs.acob import ARMS, THROUGHPUT  # noqa: E402
 from benchmarks._common import commit  # noqa: E402
 from experiments.driver import finished, launch, read_json, run_script, use_compilation_cache  # noqa: E402
-from experiments.gate import (GATE_FAILED, archive_with_gate, check, parse_driver_args, projected_minutes,  # noqa: E402
-                              record_gate, report)
+from experiments.gate import (GATE_FAILED, check, parse_driver_args, projected_minutes,  # noqa: E402
+                              record_gate, finish_driver)
 
 CONFIG = "configs/acob.py"
 TAG = "acob"
@@ -82,10 +82,7 @@ def main(argv=None) -> int:
 
 
 def finish(args, failed) -> int:
-  if args.archive and not args.dry_run:
-    names = archive_with_gate(args.root, args.archive, ARCHIVE_KEYS, [f"ref_s{s}.json" for s in args.seeds])
-    print(f"[{TAG}] archived {len(names)} workdir(s) into {args.archive}", flush=True)
-  return report(TAG, failed)
+  return finish_driver(args, TAG, ARCHIVE_KEYS, failed, [f"ref_s{s}.json" for s in args.seeds])
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 from configs.drm import ARMS  # noqa: E402
 from experiments.driver import run_from_sft, run_script  # noqa: E402
 from experiments.drm.heads import heads_path  # noqa: E402
-from experiments.gate import archive_with_gate, parse_driver_args  # noqa: E402
+from experiments.gate import finish_driver, parse_driver_args  # noqa: E402
 
 ARCHIVE = os.path.join("experiments", "drm", "runs")
 ARCHIVE_KEYS = ["stage", "step", "step_s", "reward", "accuracy", "loss", "at_stage_start", "eval/"]
@@ -35,15 +35,13 @@ def head_args(arm: str, sft: str) -> list:
 
 def main(argv=None) -> int:
   args = parse_driver_args(__doc__, "/tmp/drm", ARMS, ARCHIVE, argv)
-  failed = run_from_sft(args, "drm", "configs/drm.py", head_args)
+  failed = [args.root] if run_from_sft(args, "drm", "configs/drm.py", head_args) else []   # it names the workdirs
   for seed in args.seeds:
     if run_script(heads_path(args.root, seed), "experiments/drm/heads.py", [f"--root={args.root}", f"--seed={seed}"],
                   args.lock, args.dry_run, "drm"):
-      failed = 1
-  files = [os.path.basename(heads_path(args.root, s)) for s in args.seeds]
-  if args.archive and not args.dry_run:
-    archive_with_gate(args.root, args.archive, ARCHIVE_KEYS, files)
-  return failed
+      failed.append(heads_path(args.root, seed))
+  return finish_driver(args, "drm", ARCHIVE_KEYS, failed,
+                       [os.path.basename(heads_path(args.root, s)) for s in args.seeds])
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ sys.path.insert(0, ROOT)
 from configs.timestep_modules import ARMS, QUICK, TASKS  # noqa: E402
 from benchmarks._common import commit  # noqa: E402
 from experiments.driver import finished, launch, run_script, use_compilation_cache  # noqa: E402
-from experiments.gate import (GATE_FAILED, archive_with_gate, check, projected_minutes, record_gate,  # noqa: E402
-                              parse_driver_args, report)
+from experiments.gate import (GATE_FAILED, check, projected_minutes, record_gate,  # noqa: E402
+                              parse_driver_args, finish_driver)
 
 CONFIG = "configs/timestep_modules.py"
 TAG = "timestep_modules"
@@ -99,11 +99,7 @@ def main(argv=None) -> int:
 
 
 def finish(args, failed) -> int:
-  if args.archive and not args.dry_run:
-    files = [f"analysis_s{s}.json" for s in args.seeds]
-    names = archive_with_gate(args.root, args.archive, ARCHIVE_KEYS, files)
-    print(f"[{TAG}] archived {len(names)} workdir(s) into {args.archive}", flush=True)
-  return report(TAG, failed)
+  return finish_driver(args, TAG, ARCHIVE_KEYS, failed, [f"analysis_s{s}.json" for s in args.seeds])
 
 
 if __name__ == "__main__":

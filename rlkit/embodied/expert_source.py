@@ -50,11 +50,8 @@ def saved_expert(path: str, fresh: Any) -> Any:
     if step is None:
       raise ConfigError(f"expert_path={path!r}: {directory} holds no finished checkpoint; point it at a run that "
                         "saved one.")
-    saved = reader.saved_params(step)
-    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), saved)
     # read onto one device, then made uncommitted arrays like a fresh expert's, which the run's mesh places
-    params = jax.tree.map(jnp.asarray, jax.device_get(reader.restore_params(step, target)))
+    params = jax.tree.map(jnp.asarray, jax.device_get(reader.restore_saved_params(step)))
   finally:
     reader.close()
   for candidate in (params, params.get("flow") if isinstance(params, dict) else None):

@@ -137,6 +137,12 @@ class _KeepSteps(preservation_policy.PreservationPolicy):
 
 # ------------------------------------------------------------------------------------------- reading
 
+def _on_one_device(metadata: Any) -> Any:
+  """ShapeDtypeStructs on the first local device for a tree of Orbax array metadata."""
+  one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), metadata)
+
+
 class CheckpointReader:
   """Reads the checkpoints under `directory` without writing anything (Orbax `read_only`).
 
@@ -181,12 +187,15 @@ class CheckpointReader:
                        "state {'train': TrainState(step, params, opt_state), ...}.")
     return saved
 
+  def restore_saved_params(self, step: int) -> Any:
+    """`state["train"].params` of `step` as saved (its tree from the metadata), every array on one device: for a
+    caller that does not know the params' structure in advance (e.g. which stage wrote them)."""
+    return self.restore_params(step, _on_one_device(self.saved_params(step)))
+
   def restore_state(self, step: int) -> Any:
     """The whole saved state of `step` (params, optimizer state, everything else), every array on one device,
     its tree read from the checkpoint's metadata: for analysis tools that need, e.g., Adam's second moments."""
-    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one),
-                          self._manager.item_metadata(step)[STATE].tree)
+    target = _on_one_device(self._manager.item_metadata(step)[STATE].tree)
     restore_args = jax.tree.map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding, dtype=t.dtype), target)
     out = self._manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
         item=target, restore_args=restore_args)}))
