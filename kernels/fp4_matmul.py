@@ -6,12 +6,17 @@ kernel (TRACE's rollout path, methods/systems.md §1).
                                           scales uint8 E8M0 or float8_e4m3fn [K/B, N]; tensor scale t (f32)
   y = (x · (decode(codes) * scale_b)) * t      float32 [M, N], float32 accumulation
 
-Each grid step (i, j, k) loads a [bm, bk] tile of x, the [bk/2, bn] bytes and [bk/B, bn] scales of W's tile,
-unpacks the nibbles, decodes E2M1 arithmetically (no table: a gather does not lower everywhere), multiplies by
-the block scales and accumulates x_tile · W_tile into the resident [bm, bn] output in float32. The decoded tile
-is cast to x's dtype before the dot: every E2M1 value times an E8M0 or E4M3 scale has at most 6 significant
-bits, so the cast to bf16 is exact (barring scales outside bf16's range). The tensor scale t multiplies the
-accumulator at the end, where its arbitrary float32 mantissa cannot round the weights.
+Each grid step (i, j, s) owns a [bm, bn] tile of y and the s-th of `split_k` stretches of K: a loop over its
+bk-wide pieces loads the [bk/2, bn] bytes and [bk/B, bn] scales of W's piece, decodes the low and high nibbles
+arithmetically (no table: a gather does not lower everywhere) into two [bk/2, bn] halves (the even and odd rows
+of W), multiplies them by their block scales and accumulates x_even · W_even + x_odd · W_odd in float32 (x's
+even and odd columns are split once outside the kernel: Triton cannot interleave the halves along a leading
+axis). The grid has no sequential axis, as the GPU (Triton) backend runs every grid step in parallel: each
+split writes its own partial sum, and the splits are added outside (split_k > 1 fills the GPU at decode shapes,
+where M / bm x N / bn steps are fewer than its multiprocessors). Each decoded half is cast to x's dtype before
+the dot: every E2M1 value times an E8M0 or E4M3 scale has at most 6 significant bits, so the cast to bf16 is
+exact (barring scales outside bf16's range). The tensor scale t multiplies the sum at the end, where its
+arbitrary float32 mantissa cannot round the weights.
 
 Why dequantize in the kernel: at decode shapes (M <= 16) the matmul is memory-bound, and W's bytes dominate;
 FP4 moves half a byte per weight (plus 1 byte per block) against bf16's 2, the ~3.6x ceiling the benchmark
@@ -19,8 +24,7 @@ FP4 moves half a byte per weight (plus 1 byte per block) against bf16's 2, the ~
 
 `fp4_matmul_reference` is the spec: the same product through `rlkit.quant.fp4.dequantize_blocks` and one
 `jnp.dot`. On CPU the kernel runs with `interpret=True` (tests check it against the reference over odd
-shapes); compiled, it is written for the GPU (Triton) backend, where it has not yet run (no session has had a
-GPU). Shapes that do not divide into the tiles are padded with zeros (zero codes decode to 0) and cropped.
+shapes); compiled, it is written for the GPU (Triton) backend. Shapes that do not divide into the tiles are padded with zeros (zero codes decode to 0) and cropped.
 """
 from __future__ import annotations
 
@@ -38,14 +42,16 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class FP4MatmulBlocks:
-  """Tile sizes: bm rows of x, bn columns of W, bk of the contraction per grid step (bk a multiple of the
-  format's block and even; powers of two, as Triton requires)."""
+  """Tile sizes: bm rows of x, bn columns of W, bk of the contraction per loop step (a multiple of the format's
+  block), and split_k parallel stretches of K per output tile (module docstring); powers of two, as Triton
+  requires."""
   bm: int = 16
-  bn: int = 128
+  bn: int = 64
   bk: int = 256
+  split_k: int = 4
 
   def __post_init__(self):
-    for name in ("bm", "bn", "bk"):
+    for name in ("bm", "bn", "bk", "split_k"):
       size = getattr(self, name)
       if size < 1 or size & (size - 1):
         raise ValueError(f"FP4MatmulBlocks.{name}={size} must be a positive power of two.")
@@ -75,18 +81,21 @@ def _scale_values(scales: Array) -> Array:
   return scales.astype(jnp.float32)
 
 
-def _kernel(x_ref, c_ref, s_ref, o_ref, *, block: int):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
+def _kernel(xe_ref, xo_ref, c_ref, s_ref, o_ref, *, block: int, bk: int):
+  half, per = bk // 2, bk // block                                 # rows of codes and of scales per step
 
-  packed = c_ref[...].astype(jnp.int32)                             # [bk/2, bn]
-  codes = jnp.stack([packed & 15, packed >> 4], axis=1).reshape((-1, packed.shape[1]))   # [bk, bn]
-  vals = _decode_tile(codes)
-  scales = _scale_values(s_ref[...])                               # [bk/B, bn]
-  w = (vals.reshape((scales.shape[0], block, vals.shape[1])) * scales[:, None, :]).reshape(vals.shape)
-  x = x_ref[...]
-  o_ref[...] += jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+  def step(t, acc):
+    packed = c_ref[pl.ds(t * half, half), :].astype(jnp.int32)     # [bk/2, bn]: rows 2r (low) and 2r+1 (high)
+    scales = _scale_values(s_ref[pl.ds(t * per, per), :])          # [bk/B, bn]
+    scales = jnp.broadcast_to(scales[:, None, :], (per, block // 2, scales.shape[1])).reshape(packed.shape)
+    xe, xo = xe_ref[:, pl.ds(t * half, half)], xo_ref[:, pl.ds(t * half, half)]
+    even = (_decode_tile(packed & 15) * scales).astype(xe.dtype)
+    odd = (_decode_tile(packed >> 4) * scales).astype(xe.dtype)
+    return (acc + jnp.dot(xe, even, preferred_element_type=jnp.float32)
+            + jnp.dot(xo, odd, preferred_element_type=jnp.float32))
+
+  steps = c_ref.shape[0] // half
+  o_ref[...] = jax.lax.fori_loop(0, steps, step, jnp.zeros(o_ref.shape, jnp.float32))
 
 
 def _pad_to(a: Array, axis: int, multiple: int) -> Array:
@@ -112,21 +121,25 @@ def fp4_matmul(x: Array, w: BlockFP4, *, blocks: FP4MatmulBlocks = FP4MatmulBloc
     raise ValueError(f"FP4MatmulBlocks.bk={blocks.bk} must be a multiple of the format's block {block}.")
   # bm and bn stay as given (x and W are padded up to them): Triton's dot needs tiles of at least 16.
   bm, bn, bk = blocks.bm, blocks.bn, min(blocks.bk, max(block, _pow2_at_least(k)))   # bk: still a multiple
-  xp = _pad_to(_pad_to(x, 0, bm), 1, bk)
-  codes = _pad_to(_pad_to(w.codes, 0, bk // 2), 1, bn)
-  scales = _pad_to(_pad_to(w.scales, 0, bk // block), 1, bn)
-  grid = (xp.shape[0] // bm, codes.shape[1] // bn, codes.shape[0] * 2 // bk)
+  split = min(blocks.split_k, -(-k // bk))                         # no split without a piece of K
+  xp = _pad_to(_pad_to(x, 0, bm), 1, bk * split)
+  xe, xo = xp[:, 0::2], xp[:, 1::2]
+  codes = _pad_to(_pad_to(w.codes, 0, xp.shape[1] // 2), 1, bn)
+  scales = _pad_to(_pad_to(w.scales, 0, xp.shape[1] // block), 1, bn)
+  half_k, scale_k = xe.shape[1] // split, scales.shape[0] // split  # each split's stretch of K
+  grid = (xp.shape[0] // bm, codes.shape[1] // bn, split)
   out = pl.pallas_call(
-      functools.partial(_kernel, block=block),
-      out_shape=jax.ShapeDtypeStruct((xp.shape[0], codes.shape[1]), jnp.float32),
+      functools.partial(_kernel, block=block, bk=bk),
+      out_shape=jax.ShapeDtypeStruct((split, xp.shape[0], codes.shape[1]), jnp.float32),
       grid=grid,
-      in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                pl.BlockSpec((bk // 2, bn), lambda i, j, kk: (kk, j)),
-                pl.BlockSpec((bk // block, bn), lambda i, j, kk: (kk, j))],
-      out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+      in_specs=[pl.BlockSpec((bm, half_k), lambda i, j, s: (i, s)),
+                pl.BlockSpec((bm, half_k), lambda i, j, s: (i, s)),
+                pl.BlockSpec((half_k, bn), lambda i, j, s: (s, j)),
+                pl.BlockSpec((scale_k, bn), lambda i, j, s: (s, j))],
+      out_specs=pl.BlockSpec((pl.squeezed, bm, bn), lambda i, j, s: (s, i, j)),
       interpret=interpret,
-  )(xp, codes, scales)
-  return out[:m, :n] * w.tensor_scale
+  )(xe, xo, codes, scales)
+  return out.sum(axis=0)[:m, :n] * w.tensor_scale
 
 
 def _pow2_at_least(n: int) -> int:

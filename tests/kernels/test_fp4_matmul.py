@@ -12,11 +12,13 @@ from rlkit.quant import fp4
     (17, 100, 33, "nvfp4", jnp.float32),     # every dimension odd, several K steps
     (1, 64, 130, "mxfp4", jnp.bfloat16),     # decode shape, N past one tile
 ])
-def test_kernel_equals_reference(m, k, n, fmt, dtype):
+@pytest.mark.parametrize("split_k", [1, 4])   # K's pieces in one grid step's loop, or split over the grid
+def test_kernel_equals_reference(m, k, n, fmt, dtype, split_k):
   rng = np.random.default_rng(m * 1000 + k)
   x = jnp.asarray(rng.standard_normal((m, k)), dtype)
   w = fp4.quantize_blocks(rng.standard_normal((k, n)).astype(np.float32), fmt)
-  got = np.asarray(fp4_matmul(x, w, blocks=FP4MatmulBlocks(bm=8, bn=16, bk=32), interpret=True))
+  got = np.asarray(fp4_matmul(x, w, blocks=FP4MatmulBlocks(bm=8, bn=16, bk=32, split_k=split_k),
+                               interpret=True))
   ref = np.asarray(fp4_matmul_reference(x, w))
   assert got.shape == (m, n) and got.dtype == np.float32
   # Equal up to float32 summation order (tiles of 32 along K; NVFP4's tensor scale applied at the end).
