@@ -20,6 +20,7 @@ least 3x bf16 at M <= 16 on a GPU. On the CPU the default sizes are small (inter
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks._common import commit, cpu_info, interleaved_median_times  # noqa: E402
+import kernels.fp4_matmul as kernel_module  # noqa: E402
 from kernels.fp4_matmul import FP4MatmulBlocks, fp4_matmul, fp4_matmul_reference  # noqa: E402
 from rlkit.quant import fp4  # noqa: E402
 
@@ -71,6 +73,47 @@ def one_shape(m: int, k: int, n: int, fmt: str, repeats: int, copies: int, block
           **cpu_info()}
 
 
+# Stages left out of the kernel (METHOD: time variants that leave one stage out, take differences): the
+# E2M1 decode as a plain cast of the 4-bit codes, the block scales as 1. Their products are wrong by design.
+STAGE_PATCHES = {
+    "full": {},
+    "no_scales": {"_expand_scales": lambda scales, block: jnp.float32(1.0)},
+    "no_decode": {"_decode_tile": lambda codes: codes.astype(jnp.float32)},
+    "dot_only": {"_expand_scales": lambda scales, block: jnp.float32(1.0),
+                 "_decode_tile": lambda codes: codes.astype(jnp.float32)},
+    # Not a stage left out: a candidate decode of the same values (bit for bit, -0.0 included), assembling
+    # the float32 bits (sign, exponent e + 126, mantissa bit) instead of computing the magnitude.
+    "bits_decode": {"_decode_tile": lambda codes: jax.lax.bitcast_convert_type(
+        jnp.where((codes >> 1) & 3 == 0, (codes & 1) * (126 << 23),
+                  ((((codes >> 1) & 3) + 126) << 23) | ((codes & 1) << 22)) | ((codes & 8) << 28), jnp.float32)},
+}
+
+
+def stage_times(m: int, k: int, n: int, fmt: str, repeats: int, copies: int, blocks: FP4MatmulBlocks,
+                interpret: bool) -> dict:
+  """ms per product of the compiled kernel with each of STAGE_PATCHES' stages left out: where its time goes."""
+  x = jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.bfloat16)
+  quantize = jax.jit(lambda key: fp4.quantize_blocks(0.02 * jax.random.normal(key, (k, n)), fmt))
+  qs = [quantize(key) for key in jax.random.split(jax.random.key(m), copies)]
+  fns = {}
+  for name, patch in STAGE_PATCHES.items():
+    saved = {attr: getattr(kernel_module, attr) for attr in patch}
+    for attr, fn in patch.items():
+      setattr(kernel_module, attr, fn)
+    # A fresh jit of the unjitted function, traced now, while this variant's stages are in place.
+    f = jax.jit(lambda a, ws: sum(fp4_matmul.__wrapped__(a, w, blocks=blocks, interpret=interpret)
+                                       for w in ws))
+    compiled = f.lower(x, qs).compile()
+    fns[name] = functools.partial(lambda c: jax.block_until_ready(c(x, qs)), compiled)
+    for attr, fn in saved.items():
+      setattr(kernel_module, attr, fn)
+  t = interleaved_median_times(fns, repeats)
+  return {"benchmark": "fp4_matmul_stages", "device": jax.devices()[0].device_kind, "fmt": fmt, "m": m, "k": k,
+          "n": n, "blocks": [blocks.bm, blocks.bn, blocks.bk, blocks.split_k], "copies": copies,
+          "ms": {name: round(1e3 * v / copies, 4) for name, v in t.items()}, "commit": commit(),
+          "jax": jax.__version__}
+
+
 def main(argv=None) -> None:
   gpu = jax.default_backend() == "gpu"
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -84,14 +127,17 @@ def main(argv=None) -> None:
   p.add_argument("--copies", type=int, default=16 if gpu else 1,
                  help="distinct W per timed call (on a GPU: more bytes than its L2, launches amortized)")
   p.add_argument("--repeats", type=int, default=7, help="interleaved timing rounds (medians)")
+  p.add_argument("--stages", action="store_true",
+                 help="instead: time the compiled kernel with its decode and scale stages left out (GPU)")
   args = p.parse_args(argv)
   ints = lambda text: [int(v) for v in text.split(",")]   # noqa: E731
   for m in ints(args.m):
     for bn in ints(args.bn):
       for split_k in ints(args.split_k):
         blocks = FP4MatmulBlocks(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, bk=args.bk, split_k=split_k)
-        print(json.dumps(one_shape(m, args.k, args.n, args.fmt, args.repeats, args.copies, blocks,
-                                   interpret=not gpu)), flush=True)
+        line = (stage_times(m, args.k, args.n, args.fmt, args.repeats, args.copies, blocks, not gpu) if args.stages else
+                one_shape(m, args.k, args.n, args.fmt, args.repeats, args.copies, blocks, interpret=not gpu))
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

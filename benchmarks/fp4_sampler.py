@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,7 +66,9 @@ def side(cfg: TransformerConfig, copy, batch: int, new: int):
     out = generate(model, copy, prompt, mask, jax.random.key(0), sampling)
     out.response.block_until_ready()
     return out
+  t0 = time.perf_counter()
   first = run()
+  print(f"  compiled and ran one side in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
   assert bool(jnp.all(jnp.isfinite(first.logprobs))), "non-finite log-probs: the side is broken"
   return run
 
@@ -79,11 +82,14 @@ def main(argv=None) -> dict:
   p.add_argument("--reps", type=int, default=5)
   args = p.parse_args(argv)
   cfg = SIZES[args.size]
+  t0 = time.perf_counter()
   params = init_params(cfg, jax.random.key(0))
+  print(f"  init {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
   bf16 = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
   dense = export_params(params, "bfloat16", "none")
   fp4 = export_params(params, "bfloat16", f"{args.fmt}_experts")
   del params
+  print(f"  exported the copies at {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
   fns = {"bf16": side(bf16, dense, args.batch, args.new),
          "fp4_weights": side(bf16, fp4, args.batch, args.new),
          "fp4_trace": side(bf16.replace(expert_quant=args.fmt), fp4, args.batch, args.new)}

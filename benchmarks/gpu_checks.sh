@@ -2,7 +2,7 @@
 # The GPU measurements of benchmarks/README.md in one call of a lent GPU machine, each step under its own time
 # limit so that one failure costs only its step. Run from the repository root:
 #
-#   bash benchmarks/gpu_checks.sh [STEP ...]     # steps: fp4_matmul sync fp4_sampler fp4_sweep (default: all)
+#   bash benchmarks/gpu_checks.sh [STEP ...]  # fp4_matmul sync fp4_sampler fp4_sweep fp4_stages (default: all)
 #
 # Each step's JSON lines go to $OUT/<step>.jsonl and its whole output to $OUT/<step>.log ($OUT defaults to
 # /tmp/gpu_checks). The machine runs its own python3 and packages (JAX with CUDA, Flax, Optax, Orbax); a
@@ -28,15 +28,17 @@ step() {   # step NAME SECONDS SCRIPT ARGS...: run one benchmark, keep its JSON 
   grep '^{' "$OUT/$name.log" >"$OUT/$name.jsonl"
   echo "-- $name: rc $rc, $((SECONDS - t0)) s, $(wc -l <"$OUT/$name.jsonl") JSON lines"
   [ $rc -eq 0 ] || grep -v '^{' "$OUT/$name.log" | tail -n 25
+  return 0
 }
 
-steps=${*:-fp4_matmul sync fp4_sampler fp4_sweep}
+steps=${*:-fp4_matmul sync fp4_sampler fp4_sweep fp4_stages}
 for s in $steps; do
   case $s in
     fp4_matmul) step fp4_matmul 100 benchmarks/fp4_matmul.py --m 1,4,16,64 ;;
     sync) step sync 60 benchmarks/sync.py --size 134217728 ;;
-    fp4_sampler) step fp4_sampler 130 benchmarks/fp4_sampler.py --size 1b ;;
+    fp4_sampler) step fp4_sampler 300 benchmarks/fp4_sampler.py --size 1b --reps 3 ;;
     fp4_sweep) step fp4_sweep 70 benchmarks/fp4_matmul.py --m 1,16 --bn 32,128 --split_k 1,8 --repeats 5 ;;
+    fp4_stages) step fp4_stages 60 benchmarks/fp4_matmul.py --m 1,16 --stages --repeats 5 ;;
     *) echo "unknown step $s" ;;
   esac
 done

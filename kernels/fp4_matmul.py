@@ -81,13 +81,18 @@ def _scale_values(scales: Array) -> Array:
   return scales.astype(jnp.float32)
 
 
+def _expand_scales(scales: Array, block: int) -> Array:
+  """[bk/B, bn] block scales repeated over the B/2 rows of a nibble half that each covers."""
+  per, bn = scales.shape
+  return jnp.broadcast_to(scales[:, None, :], (per, block // 2, bn)).reshape((per * block // 2, bn))
+
+
 def _kernel(xe_ref, xo_ref, c_ref, s_ref, o_ref, *, block: int, bk: int):
   half, per = bk // 2, bk // block                                 # rows of codes and of scales per step
 
   def step(t, acc):
     packed = c_ref[pl.ds(t * half, half), :].astype(jnp.int32)     # [bk/2, bn]: rows 2r (low) and 2r+1 (high)
-    scales = _scale_values(s_ref[pl.ds(t * per, per), :])          # [bk/B, bn]
-    scales = jnp.broadcast_to(scales[:, None, :], (per, block // 2, scales.shape[1])).reshape(packed.shape)
+    scales = _expand_scales(_scale_values(s_ref[pl.ds(t * per, per), :]), block)   # [bk/B, bn] -> [bk/2, bn]
     xe, xo = xe_ref[:, pl.ds(t * half, half)], xo_ref[:, pl.ds(t * half, half)]
     even = (_decode_tile(packed & 15) * scales).astype(xe.dtype)
     odd = (_decode_tile(packed >> 4) * scales).astype(xe.dtype)
