@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import sys
@@ -64,7 +65,8 @@ def one_shape(m: int, k: int, n: int, fmt: str, repeats: int, copies: int, block
   bf16_bytes = 2 * k * n + io
   return {"benchmark": "fp4_matmul", "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
           "pallas_mode": "interpret" if interpret else "compiled", "fmt": fmt, "m": m, "k": k, "n": n,
-          "blocks": [blocks.bm, blocks.bn, blocks.bk, blocks.split_k], "copies": copies, "repeats": repeats,
+          "blocks": [blocks.bm, blocks.bn, blocks.bk, blocks.split_k, blocks.num_warps], "copies": copies,
+          "repeats": repeats,
           "max_rel_err": err,
           "ms": {side: round(1e3 * s, 4) for side, s in t.items()},
           "fp4_over_bf16_speed": round(t["bf16"] / t["fp4"], 3),
@@ -81,11 +83,6 @@ STAGE_PATCHES = {
     "no_decode": {"_decode_tile": lambda codes: codes.astype(jnp.float32)},
     "dot_only": {"_expand_scales": lambda scales, block: jnp.float32(1.0),
                  "_decode_tile": lambda codes: codes.astype(jnp.float32)},
-    # Not a stage left out: a candidate decode of the same values (bit for bit, -0.0 included), assembling
-    # the float32 bits (sign, exponent e + 126, mantissa bit) instead of computing the magnitude.
-    "bits_decode": {"_decode_tile": lambda codes: jax.lax.bitcast_convert_type(
-        jnp.where((codes >> 1) & 3 == 0, (codes & 1) * (126 << 23),
-                  ((((codes >> 1) & 3) + 126) << 23) | ((codes & 1) << 22)) | ((codes & 8) << 28), jnp.float32)},
 }
 
 
@@ -109,7 +106,7 @@ def stage_times(m: int, k: int, n: int, fmt: str, repeats: int, copies: int, blo
       setattr(kernel_module, attr, fn)
   t = interleaved_median_times(fns, repeats)
   return {"benchmark": "fp4_matmul_stages", "device": jax.devices()[0].device_kind, "fmt": fmt, "m": m, "k": k,
-          "n": n, "blocks": [blocks.bm, blocks.bn, blocks.bk, blocks.split_k], "copies": copies,
+          "n": n, "blocks": [blocks.bm, blocks.bn, blocks.bk, blocks.split_k, blocks.num_warps], "copies": copies,
           "ms": {name: round(1e3 * v / copies, 4) for name, v in t.items()}, "commit": commit(),
           "jax": jax.__version__}
 
@@ -124,6 +121,7 @@ def main(argv=None) -> None:
   p.add_argument("--bn", default=str(FP4MatmulBlocks.bn), help="comma-separated tile widths to try")
   p.add_argument("--split_k", default=str(FP4MatmulBlocks.split_k), help="comma-separated K splits to try")
   p.add_argument("--bk", type=int, default=FP4MatmulBlocks.bk)
+  p.add_argument("--num_warps", default=str(FP4MatmulBlocks.num_warps), help="comma-separated warps to try")
   p.add_argument("--copies", type=int, default=16 if gpu else 1,
                  help="distinct W per timed call (on a GPU: more bytes than its L2, launches amortized)")
   p.add_argument("--repeats", type=int, default=7, help="interleaved timing rounds (medians)")
@@ -132,12 +130,12 @@ def main(argv=None) -> None:
   args = p.parse_args(argv)
   ints = lambda text: [int(v) for v in text.split(",")]   # noqa: E731
   for m in ints(args.m):
-    for bn in ints(args.bn):
-      for split_k in ints(args.split_k):
-        blocks = FP4MatmulBlocks(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, bk=args.bk, split_k=split_k)
-        line = (stage_times(m, args.k, args.n, args.fmt, args.repeats, args.copies, blocks, not gpu) if args.stages else
-                one_shape(m, args.k, args.n, args.fmt, args.repeats, args.copies, blocks, interpret=not gpu))
-        print(json.dumps(line), flush=True)
+    for bn, split_k, warps in itertools.product(ints(args.bn), ints(args.split_k), ints(args.num_warps)):
+      blocks = FP4MatmulBlocks(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, bk=args.bk, split_k=split_k,
+                               num_warps=warps)
+      line = (stage_times(m, args.k, args.n, args.fmt, args.repeats, args.copies, blocks, not gpu) if args.stages else
+              one_shape(m, args.k, args.n, args.fmt, args.repeats, args.copies, blocks, interpret=not gpu))
+      print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

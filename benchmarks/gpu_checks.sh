@@ -34,10 +34,11 @@ step() {   # step NAME SECONDS SCRIPT ARGS...: run one benchmark, keep its JSON 
 steps=${*:-fp4_matmul sync fp4_sampler fp4_sweep fp4_stages}
 for s in $steps; do
   case $s in
-    fp4_matmul) step fp4_matmul 100 benchmarks/fp4_matmul.py --m 1,4,16,64 ;;
+    fp4_matmul) step fp4_matmul 80 benchmarks/fp4_matmul.py --m 1,4,16,64 ;;
     sync) step sync 60 benchmarks/sync.py --size 134217728 ;;
     fp4_sampler) step fp4_sampler 300 benchmarks/fp4_sampler.py --size 1b --reps 3 ;;
-    fp4_sweep) step fp4_sweep 70 benchmarks/fp4_matmul.py --m 1,16 --bn 32,128 --split_k 1,8 --repeats 5 ;;
+    fp4_sweep) step fp4_sweep 150 benchmarks/fp4_matmul.py --m 1,16 --bn 32,64,128 --split_k 4,8 --num_warps 4,8 \
+      --repeats 5 ;;
     fp4_stages) step fp4_stages 60 benchmarks/fp4_matmul.py --m 1,16 --stages --repeats 5 ;;
     *) echo "unknown step $s" ;;
   esac
