@@ -2,6 +2,7 @@
 reference-regularised updates with the trip-wire), and a run cut inside phase 3 resumes to the uninterrupted
 run's metrics."""
 import numpy as np
+import pytest
 
 from rlkit.train.metrics import without_timings
 from tests.embodied.embodied_config import embodied_config
@@ -19,6 +20,7 @@ def test_acob_walks_its_phases_and_resumes_to_the_uninterrupted_run(tmp_path, mo
   assert 0 < rows[2]["acob/d_ref"] < 1e-2 and all(np.isfinite(r["critic/loss"]) for r in rows)   # near the reference
 
 
+@pytest.mark.slow   # ~30 s; tests/embodied/test_stream.py checks both modes on the loop itself in the default run
 def test_acob_stream_runs_from_the_config_and_its_sync_mode_is_the_plain_loop(tmp_path):
   """acob.stream.mode=sync with blocks of 1 learn step gives the plain loop's metrics (its stream/* rates
   aside); stream mode runs blocks of learn steps on two threads and logs its rates and staleness."""

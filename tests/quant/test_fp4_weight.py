@@ -125,6 +125,7 @@ def test_the_experts_through_the_interpreted_kernel_equal_ragged_dot():
                              rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow   # the script's CPU check (~18 s); benchmarks/gpu_checks.sh runs it at size 1b on a GPU
 @fast_compile()
 def test_the_fp4_sampler_benchmark_runs_its_three_sides(capsys):
   """benchmarks/fp4_sampler.py on its tiny MoE (the GPU measurement runs --size 1b): every side samples finite
