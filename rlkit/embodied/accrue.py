@@ -5,7 +5,8 @@ per-task trajectory memory mixed into every batch. The functions; the stage that
   actor      mu_phi(z, a0) = a0 + rho tanh(f_phi(z, a0))        a0: the frozen flow base's chunk for z (its
                                                                  deterministic sampler from fixed noise)
   critics    twin Q_psi(z, a) with target copies (TD3)
-  losses     critic: (Q_i(z, a) - y)^2, y = r_c + gamma^H (1 - d) min_i Q'_i(z', mu'(z'));
+  losses     critic: (Q_i(z, a) - y)^2, y = r_c + gamma^H (1 - d) min_i Q'_i(z', mu'(z') + e), e the clipped
+                     Gaussian target smoothing of TD3 (the batch's `target_noise`; zeros turn it off);
                      + critic_mc x (Q_i(z, a) - G)^2 on memory rows (their stored Monte-Carlo returns)
              actor:  -Q_1(z, mu(z)) + lambda_ref ||mu(z) - a0||^2  + lambda_bc ||mu(z) - a_mem||^2 on the memory
                      rows of successful trajectories
@@ -56,8 +57,9 @@ class TwinQ(nn.Module):
 def critic_loss(q_params, target_q, target_actor, batch: dict, *, q: TwinQ, actor: ResidualActor, gamma_h: float,
                 critic_mc: float) -> tuple[Array, dict]:
   """The TD3 critic loss on `batch` (z, a, reward, z_next, a0_next, done, mc, is_memory, optionally has_mc: the
-  rows whose MC return reaches their episode's end) (module docstring)."""
-  a_next = actor.apply({"params": target_actor}, batch["z_next"], batch["a0_next"])
+  rows whose MC return reaches their episode's end, and target_noise: the clipped smoothing noise on the target
+  actor's chunks) (module docstring)."""
+  a_next = actor.apply({"params": target_actor}, batch["z_next"], batch["a0_next"]) + batch.get("target_noise", 0.0)
   y = batch["reward"] + gamma_h * (1.0 - batch["done"]) * jnp.minimum(*q.apply({"params": target_q},
                                                                               batch["z_next"], a_next))
   y = jax.lax.stop_gradient(y)

@@ -5,7 +5,7 @@ frozen base.
 `tasks` lists the sequence (EnvParams fields over `env_task`, one dict a task); the stage spends
 `steps_per_task` iterations on each (`steps` must be their product). The base's chunk a0(z) is its sampler from the
 noise's mean (a function of the observation alone); the actor is the residual mu(z, a0) = a0 + rho tanh(f), the
-critics twin Q with targets (TD3: target copies, `policy_delay`). One iteration: collect `decisions` chunks in each
+critics twin Q with targets (TD3: target copies, `policy_delay`, `target_noise` smoothing). One iteration: collect `decisions` chunks in each
 of `num_envs` environments of the current task with mu plus `explore_noise`, push them to the task's buffer, then
 `critic_updates` critic steps on batches of which `p_mem` come from the memory of earlier tasks (their MC returns
 consolidate the critic, their successful chunks the actor: `critic_mc`, `lambda_bc`), with an actor step every
@@ -58,8 +58,10 @@ def accrue_defaults() -> ml_collections.ConfigDict:
   c.gamma = 0.99                # discount per environment step (gamma^H between decisions)
   c.hidden = 128                # actor and critic MLP width
   c.rho = 0.5                   # the actor's largest residual on the base's chunk
-  c.explore_noise = 0.1         # std of the Gaussian noise on the acting chunks
-  c.critic_updates = 8          # critic steps per iteration
+  c.explore_noise = 0.3         # std of the Gaussian noise on the acting chunks
+  c.target_noise = 0.2          # TD3's target smoothing: std of the noise on the target actor's chunks (0: off)
+  c.target_noise_clip = 0.5     # ... clipped to +-this
+  c.critic_updates = 32         # critic steps per iteration (the defaults here: experiments/accrue/README's probes)
   c.policy_delay = 2            # an actor step every N critic steps (TD3)
   c.batch_size = 256            # rows per step
   c.buffer = 20_000             # the current task's replay capacity (decisions)
@@ -69,7 +71,7 @@ def accrue_defaults() -> ml_collections.ConfigDict:
   c.memory_mode = "top_return"  # top_return | reservoir
   c.p_mem = 0.25                # share of each batch drawn from the memory of earlier tasks
   c.critic_mc = 1.0             # weight of the critic's regression to memory MC returns
-  c.lambda_ref = 0.1            # weight of ||mu - a0||^2
+  c.lambda_ref = 0.05           # weight of ||mu - a0||^2
   c.lambda_bc = 0.0             # weight of behaviour cloning on successful memory chunks
   c.eval_every = 0              # evaluate the current task every N iterations (0: only at task ends)
   c.max_skipped_updates = 10
@@ -181,7 +183,9 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     idx = jax.random.randint(k_cur, (cfg.batch_size,), 0, jnp.maximum(buffer["size"], 1))
     current = {k: buffer[k][idx] for k in ("z", "a", "reward", "z_next", "done", "mc", "has_mc", "success")}
     rows = accrue.mixed_batch(current, accrue.sample_memory(memory, k_mem, cfg.batch_size, task), cfg.p_mem)
-    return {**rows, "a0": base_chunk(base, rows["z"]), "a0_next": base_chunk(base, rows["z_next"])}
+    smooth = cfg.target_noise * jax.random.normal(jax.random.fold_in(key, 1), rows["a"].shape)
+    return {**rows, "a0": base_chunk(base, rows["z"]), "a0_next": base_chunk(base, rows["z_next"]),
+            "target_noise": jnp.clip(smooth, -cfg.target_noise_clip, cfg.target_noise_clip)}
 
   @jax.jit
   def polyak(target, actor, q):

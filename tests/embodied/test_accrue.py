@@ -69,6 +69,13 @@ def test_the_losses_are_their_definitions():
   td = jnp.mean((q1 - y) ** 2 + (q2 - y) ** 2)
   mc = jnp.mean(((q1 - 2.0) ** 2 + (q2 - 2.0) ** 2)[3:])
   assert float(loss) == pytest.approx(float(td + 0.5 * mc), rel=1e-5)
+  # TD3's target smoothing: the noise moves the target actor's chunks, so the target y.
+  noise = 0.3 * jax.random.normal(k[7], batch["a"].shape)
+  smoothed, _ = accrue.critic_loss(qp, qp, ap, {**batch, "target_noise": noise}, q=q, actor=actor, gamma_h=0.9,
+                                   critic_mc=0.5)
+  y = batch["reward"] + 0.9 * (1 - batch["done"]) * jnp.minimum(*q.apply({"params": qp}, batch["z_next"],
+                                                                          batch["a0_next"] + noise))
+  assert float(smoothed) == pytest.approx(float(jnp.mean((q1 - y) ** 2 + (q2 - y) ** 2) + 0.5 * mc), rel=1e-5)
   loss, m = accrue.actor_loss(ap, qp, batch, q=q, actor=actor, lambda_ref=1.0, lambda_bc=2.0)
   bc = jnp.mean(jnp.sum((batch["a0"] - batch["a"]) ** 2, axis=(1, 2))[4:])        # memory rows that succeeded
   assert float(m["accrue/ref"]) == 0.0 and float(m["accrue/bc"]) == pytest.approx(float(bc), rel=1e-5)
