@@ -22,7 +22,6 @@ PENDING = {
     "calif": "rerun from the base pre-registered",
     "graft": "rerun from the base pre-registered",
     "prorubric": "rerun from the base pre-registered", "rquest": "rerun from the base pre-registered",
-    "grpo_arith": "its runs predate the archive: rerun to archive",
 }
 
 
