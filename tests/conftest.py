@@ -52,6 +52,7 @@ LONGEST_FIRST = (
     "tests/rollout/test_resumable_sampler.py", "tests/train/test_early_stop.py", "tests/objectives/test_correction.py",
     "tests/parallel/test_rules.py", "tests/test_adding_a_method.py", "tests/experiments/test_base_build.py",
     "tests/optim/test_frozen.py", "tests/embodied/test_acob_stage.py", "tests/experiments/test_timestep_modules.py",
+    "tests/diffusion/test_gen_stages.py",
 )
 
 

@@ -118,8 +118,9 @@ def maybe_eval(ctx: Context, params, name: str, global_step: int, index: int, at
 
 
 def is_headline(key: str) -> bool:
-  """The evaluation metrics a console line shows: accuracy and pass@k (an embodied stage's success)."""
-  return key in ("eval/accuracy", "eval/success") or key.startswith("eval/pass@")
+  """The evaluation metrics a console line shows: accuracy and pass@k (an embodied stage's success; a generative
+  stage's reward and MMD to the data)."""
+  return key in ("eval/accuracy", "eval/success", "eval/reward", "eval/mmd") or key.startswith("eval/pass@")
 
 
 def eval_headline(metrics: dict) -> str:
