@@ -41,7 +41,7 @@ ARMS = {
     "accrue": {},
     "accrue_bc": dict(lambda_bc=LAMBDA_BC),
     "replay": dict(per_task=16, p_mem=0.5),
-    "base": dict(critic_updates=0),
+    "base": dict(critic_updates=0, eval_every=0),   # constant: evaluated at the task ends only (amendment 1)
 }
 PRESETS = {"bc": f"{BC_STEPS} BC steps of the scripted controller (the frozen base)",
            **{arm: f"accrue stage, {len(TASKS)} tasks x {PER_TASK} iterations: {fields or 'the full method'}"
