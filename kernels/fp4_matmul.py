@@ -24,7 +24,9 @@ FP4 moves half a byte per weight (plus 1 byte per block) against bf16's 2, the ~
 
 `fp4_matmul_reference` is the spec: the same product through `rlkit.quant.fp4.dequantize_blocks` and one
 `jnp.dot`. On CPU the kernel runs with `interpret=True` (tests check it against the reference over odd
-shapes); compiled, it is written for the GPU (Triton) backend. Shapes that do not divide into the tiles are padded with zeros (zero codes decode to 0) and cropped.
+shapes); compiled, it runs on the GPU (Triton) backend, where it equals the reference (an H200; speed in
+benchmarks/README.md). Shapes that do not divide into the tiles are padded with zeros (zero codes decode to 0)
+and cropped.
 """
 from __future__ import annotations
 

@@ -25,12 +25,12 @@ and writes entry j of the block to offset + rank_j, rank = inclusive cumsum(mask
 that drops entries past `capacity`. The scatter kernel writes `SparseDeltaBlocks.apply` entries per step.
 
 Backends: the kernels use Triton-style masked gathers/scatters (`jax.experimental.pallas.triton.store` on
-array indices), written for the GPU (Triton) backend, where they compile and equal the references bit for bit (an H200,
-benchmarks/HISTORY.md: encode 4.6x the jnp reference at 2^27 elements). On CPU (and TPU, which these scatters do not target) they run with `interpret=True`, which is
-how the tests check them against the references. Interpreted, the compaction is slow and grows faster than
-the size (every grid step carries the whole capacity-sized output through a scatter): a tool for tests, not
-a CPU fast path; use the references there. Flat indices are int32: tensors of 2**31 elements or more are
-refused (split them first).
+array indices), written for the GPU (Triton) backend, where they compile and equal the references bit
+for bit (an H200, benchmarks/HISTORY.md: encode 4.6x the jnp reference at 2^27 elements). On CPU (and TPU,
+which these scatters do not target) they run with `interpret=True`, which is how the tests check them
+against the references. Interpreted, the compaction is slow and grows faster than the size (every grid step
+carries the whole capacity-sized output through a scatter): a tool for tests, not a CPU fast path; use the
+references there. Flat indices are int32: tensors of 2**31 elements or more are refused (split them first).
 """
 from __future__ import annotations
 

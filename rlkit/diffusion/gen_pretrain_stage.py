@@ -22,15 +22,13 @@ import numpy as np
 
 from rlkit.core.errors import ConfigError
 from rlkit.core.registry import choice
-from rlkit.core.types import Metric
 from rlkit.diffusion.gen_data import GEN_DATA, GenData, toy2d_defaults
-from rlkit.embodied.bc_stage import StepIterator
-from rlkit.models.flow import FlowConfig, cfm_loss, init_flow, sample
+from rlkit.embodied.bc_stage import flow_matching_loop
+from rlkit.models.flow import FlowConfig, init_flow, sample
 from rlkit.optim.optimizers import gradient_path, make_optimizer
 from rlkit.train.config import optimizer_defaults
-from rlkit.train.phases.update import reduce_over_steps
-from rlkit.train.stages import Stage, loop, register_stage
-from rlkit.train.steps import init_train_state, make_update_step
+from rlkit.train.stages import Stage, register_stage
+from rlkit.train.steps import init_train_state
 
 
 def gen_fields(c: ml_collections.ConfigDict) -> None:
@@ -134,27 +132,7 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   x, cond = jnp.asarray(x)[:, None, :], jnp.asarray(cond)
   ctx.logger.say(f"stage {meta['stage']}: {x.shape[0]} {cfg.data} samples of {data.dim} dims, "
                  f"{data.conditions} conditions")
-
-  def loss_fn(params, mb, step_inputs):
-    obs = one_hot(mb["cond"], data.conditions)
-    loss = jnp.sum(cfm_loss(params, fc, obs, mb["x"], mb["s"], mb["eps"])) / step_inputs["num_rows"]
-    return loss, {"loss": Metric(loss)}
-
-  tx = make_optimizer(cfg.optimizer, cfg.steps)
-  step_fn = make_update_step(loss_fn, tx, 1, lambda b: {"num_rows": b["x"].shape[0]}, gradient_path(cfg.optimizer))
-
-  @jax.jit
-  def draw(key):
-    k_idx, k_s, k_eps = jax.random.split(key, 3)
-    idx = jax.random.randint(k_idx, (cfg.batch_size,), 0, x.shape[0])
-    return {"x": x[idx], "cond": cond[idx], "s": jax.random.uniform(k_s, (cfg.batch_size,)),
-            "eps": jax.random.normal(k_eps, (cfg.batch_size,) + x.shape[1:])}
-
-  def iteration(state, _, key, iterator, step):
-    train, m = step_fn(state["train"], draw(key), {})
-    return {"train": train}, reduce_over_steps(m, 1), [int(jax.device_get(m["skipped_updates"].value))]
-
-  return loop(ctx, cfg, state, start, meta, StepIterator(), iteration, ("loss",))
+  return flow_matching_loop(ctx, cfg, state, start, meta, fc, one_hot(cond, data.conditions), x)
 
 
 register_stage("gen_pretrain", Stage(_init, _run, gen_pretrain_defaults, validate, needs=(), evaluate=evaluate))

@@ -142,14 +142,10 @@ class StepIterator:
     self.step = int(state["step"])
 
 
-def _run(ctx, cfg, state, start: int, meta: dict):
-  env, task = env_of(cfg)
-  fc = flow_config(cfg, env)
-  obs, chunks = demonstrations(env, task, jax.random.fold_in(ctx.key, 0xDE + meta["stage_index"]), cfg.demo_envs,
-                               cfg.demo_steps, cfg.demo_noise, fc.horizon)
-  obs, chunks = jnp.asarray(obs), jnp.asarray(chunks)
-  ctx.logger.say(f"stage {meta['stage']}: {obs.shape[0]} demonstration chunks from {cfg.env}'s scripted controller")
-
+def flow_matching_loop(ctx, cfg, state, start: int, meta: dict, fc: FlowConfig, obs, targets):
+  """The stage loop of conditional flow matching: each step draws `cfg.batch_size` rows of (obs [N, O], targets
+  [N, H, A]) with their (s, eps) from the step's key and takes one optimizer step on the CFM loss (state
+  {"train": TrainState}). Behaviour cloning here; the generative pretraining stage too (rlkit/diffusion)."""
   def loss_fn(params, mb, step_inputs):
     loss = jnp.sum(cfm_loss(params, fc, mb["obs"], mb["actions"], mb["s"], mb["eps"])) / step_inputs["num_rows"]
     return loss, {"loss": Metric(loss)}
@@ -161,8 +157,8 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   def draw(key):
     k_idx, k_s, k_eps = jax.random.split(key, 3)
     idx = jax.random.randint(k_idx, (cfg.batch_size,), 0, obs.shape[0])
-    return {"obs": obs[idx], "actions": chunks[idx], "s": jax.random.uniform(k_s, (cfg.batch_size,)),
-            "eps": jax.random.normal(k_eps, (cfg.batch_size,) + chunks.shape[1:])}
+    return {"obs": obs[idx], "actions": targets[idx], "s": jax.random.uniform(k_s, (cfg.batch_size,)),
+            "eps": jax.random.normal(k_eps, (cfg.batch_size,) + targets.shape[1:])}
 
   def iteration(state, _, key, iterator, step):
     train, m = step_fn(state["train"], draw(key), {})
@@ -170,6 +166,16 @@ def _run(ctx, cfg, state, start: int, meta: dict):
     return {"train": train}, reduce_over_steps(m, 1), skipped
 
   return loop(ctx, cfg, state, start, meta, StepIterator(), iteration, ("loss",))
+
+
+def _run(ctx, cfg, state, start: int, meta: dict):
+  env, task = env_of(cfg)
+  fc = flow_config(cfg, env)
+  obs, chunks = demonstrations(env, task, jax.random.fold_in(ctx.key, 0xDE + meta["stage_index"]), cfg.demo_envs,
+                               cfg.demo_steps, cfg.demo_noise, fc.horizon)
+  obs, chunks = jnp.asarray(obs), jnp.asarray(chunks)
+  ctx.logger.say(f"stage {meta['stage']}: {obs.shape[0]} demonstration chunks from {cfg.env}'s scripted controller")
+  return flow_matching_loop(ctx, cfg, state, start, meta, fc, obs, chunks)
 
 
 register_stage("flow_bc", Stage(_init, _run, flow_bc_defaults, validate, needs=(), evaluate=evaluate))

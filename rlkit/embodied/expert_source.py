@@ -31,8 +31,8 @@ def _locate(path: str) -> tuple[str, Optional[int]]:
     return os.path.dirname(path), int(name)
   if os.path.isdir(path):
     return path, None
-  raise ConfigError(f"expert_path={path!r} does not exist: give an embodied run's workdir, its checkpoints folder "
-                    "or one checkpoints/<step> folder.")
+  raise ConfigError(f"expert_path={path!r} does not exist: give the saving run's workdir (an embodied or "
+                    "gen_pretrain run), its checkpoints folder or one checkpoints/<step> folder.")
 
 
 def _like(tree: Any, fresh: Any) -> bool:
@@ -58,10 +58,10 @@ def saved_expert(path: str, fresh: Any) -> Any:
     if candidate is not None and _like(candidate, fresh):
       return candidate
   raise ConfigError(f"expert_path={path!r}: the params of checkpoint step {step} are not a flow expert of this "
-                    f"stage's `flow` fields and environment (top-level keys "
+                    f"stage's `flow` fields and environment or data (top-level keys "
                     f"{sorted(params) if isinstance(params, dict) else type(params).__name__}); give the same flow "
-                    "fields and env as the run that saved it (a LoRA-trained stage's params are not an expert: start "
-                    "from the checkpoint it was trained from).")
+                    "fields and env (or data) as the run that saved it (a LoRA-trained stage's params are not an "
+                    "expert: start from the checkpoint it was trained from).")
 
 
 def expert_params(params: Any, cfg, env: Env, fc, key) -> Any:
