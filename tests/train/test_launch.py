@@ -104,10 +104,10 @@ RESUME_EMBODIED = ("--config.rl.steps=6", "--config.checkpoint.every=2")
 
 
 @pytest.mark.parametrize("config,args,first,metric", [
-    (TEST_CONFIG, RESUME, "sft", "eval/accuracy"), (TEST_CONFIG, RESUME_ASYNC, "sft", "eval/accuracy"),
-    # The embodied run's resume is checked in-process by tests/embodied/test_bc_stage.py; the killed process: -m slow.
-    pytest.param(EMBODIED, RESUME_EMBODIED, "bc", "eval/success", marks=pytest.mark.slow)],
-    ids=["gae_calibrated", "async_collector", "embodied"])
+    (TEST_CONFIG, RESUME, "sft", "eval/accuracy"),
+    # The async collector's resume is checked in-process by tests/train/test_async_collect.py; killed: -m slow.
+    pytest.param(TEST_CONFIG, RESUME_ASYNC, "sft", "eval/accuracy", marks=pytest.mark.slow),
+    (EMBODIED, RESUME_EMBODIED, "bc", "eval/success")], ids=["gae_calibrated", "async_collector", "embodied"])
 def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, config, args, first, metric):
   ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
   code, _, err = _run(str(ref_dir), *args, config=config)
