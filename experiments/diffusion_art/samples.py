@@ -17,6 +17,25 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
+def measured(x, reward, **fields) -> dict:
+  """The record of samples x [C, n, 2] under a toy2d GenReward: `fields`, their mean reward and true reward, and
+  the samples themselves (3 decimals)."""
+  import jax.numpy as jnp
+  import numpy as np
+  flat, rows = jnp.asarray(x.reshape(-1, x.shape[-1])), jnp.repeat(jnp.arange(x.shape[0]), x.shape[1])
+  return {**fields, "reward": float(jnp.mean(reward.score(flat, rows))),
+          "true_reward": float(jnp.mean(reward.reports["true_reward"](flat, rows))),
+          "samples": np.round(np.asarray(x), 3).tolist()}
+
+
+def write(out: str, record: dict) -> None:
+  """`record` to `out` (atomically), and its numbers to stdout."""
+  with open(out + ".tmp", "w") as f:
+    json.dump(record, f)
+  os.replace(out + ".tmp", out)
+  print(json.dumps({k: v for k, v in record.items() if k != "samples"}), flush=True)
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--workdir", required=True)
@@ -24,8 +43,6 @@ def main(argv=None) -> None:
   p.add_argument("--seed", type=int, required=True)
   args = p.parse_args(argv)
   import jax
-  import jax.numpy as jnp
-  import numpy as np
 
   from configs.diffusion_art import SAMPLES, get_config
   from rlkit.diffusion.gen_pretrain_stage import condition_samples, dataset, flow_config
@@ -41,16 +58,8 @@ def main(argv=None) -> None:
   params = saved_expert(args.workdir, init_flow(fc, data.conditions, jax.random.key(0)))
   x = condition_samples(params, fc, data.conditions, SAMPLES, jax.random.key(1000 + args.seed), section.sample_steps)
   reward = GEN_REWARDS.get(section.reward.name).build(section.reward, section)
-  flat, rows = jnp.asarray(x.reshape(-1, data.dim)), jnp.repeat(jnp.arange(data.conditions), SAMPLES)
-  out = {"workdir": os.path.basename(os.path.abspath(args.workdir)), "seed": args.seed,
-         "reward": float(jnp.mean(reward.score(flat, rows))),
-         "true_reward": float(jnp.mean(reward.reports["true_reward"](flat, rows))),
-         "opt_mmd": mean_mmd2(x, reward.optimum), "data_mmd": data.quality(x, args.seed).get("mmd"),
-         "samples": np.round(x, 3).tolist()}
-  with open(args.out + ".tmp", "w") as f:
-    json.dump(out, f)
-  os.replace(args.out + ".tmp", args.out)
-  print(json.dumps({k: v for k, v in out.items() if k != "samples"}), flush=True)
+  write(args.out, measured(x, reward, workdir=os.path.basename(os.path.abspath(args.workdir)), seed=args.seed,
+                           opt_mmd=mean_mmd2(x, reward.optimum), data_mmd=data.quality(x, args.seed).get("mmd")))
 
 
 if __name__ == "__main__":
