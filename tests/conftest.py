@@ -1,6 +1,7 @@
 """Test-wide setup: 8 simulated CPU devices (for mesh tests), float32 matmuls at full precision, one
-persistent compilation cache for the whole run, XLA's faster-compiling CPU emitters (tests/xla_flags.py), and its
-optimisation passes off (but where a test turns them on, `tests.fast_compile.optimized()`)."""
+persistent compilation cache for the run's subprocesses, XLA's faster-compiling CPU emitters
+(tests/xla_flags.py), and its optimisation passes off (but where a test turns them on,
+`tests.fast_compile.optimized()`)."""
 import atexit
 import os
 import shutil
@@ -14,13 +15,12 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# Many tests compile the same programs: every `launch.py` subprocess of the test preset compiles the main
-# job's steps afresh (a 32 s run took 19 s with the cache warm), and in-process tests rebuild identical
-# models. JAX's persistent cache keys an entry by the program and its compile options, so a hit is the
-# executable a fresh compile would give (the resume test compares runs compiled and loaded either way). The
-# folder is made once per test run (pytest-xdist's workers and every subprocess inherit the variable) and
-# removed by the process that made it. A size limit turns on the cache's file lock, which the concurrent
-# workers need (without it a reader can see a half-written entry).
+# Many tests run `launch.py` subprocesses, and each compiles the main job's steps afresh (a 32 s run took 19 s
+# with the cache warm); the pytest workers themselves don't use the cache (below). JAX's persistent cache keys an
+# entry by the program and its compile options, so a hit is the executable a fresh compile would give (the resume
+# test compares runs compiled and loaded either way). The folder is made once per test run (every subprocess
+# inherits the variable) and removed by the process that made it. A size limit turns on the cache's file lock,
+# which concurrent subprocesses need (without it a reader can see a half-written entry).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _cache = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlkit-test-jax-cache-")
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
@@ -34,8 +34,15 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# The persistent cache serves the subprocesses (launch.py runs) only, not the long-lived pytest-xdist workers: a
+# worker that had loaded thousands of executables (many written by the other worker) segfaulted in libgcc's
+# unwinder when jaxlib threw the C++ exception of a failed `executable.serialize()` on a cache write (gdb on the
+# core: _Unwind_Find_FDE under __cxa_throw under PyLoadedExecutable.serialize; three full runs of three crashed,
+# at different tests, 93-97% of the way). A worker's own programs repeat through JAX's in-memory caches.
+jax.config.update("jax_enable_compilation_cache", False)
 
 
 # pytest-xdist hands each worker whole files (--dist loadfile), in collection order (--no-loadscope-reorder in
@@ -59,3 +66,6 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(config, items):
   rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.location[0], len(rank)))    # stable: the rest keep their order
+  for item in items:   # pytest.ini's per-test timeout guards the default run; experiment-sized runs take longer
+    if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+      item.add_marker(pytest.mark.timeout(0))
