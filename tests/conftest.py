@@ -49,17 +49,20 @@ jax.config.update("jax_enable_compilation_cache", False)
 # pytest.ini: its default reorder sends files with the most tests first, which left the one-test files that take a
 # minute, the main job and multi-host, to run alone at the end). The longest files go first, the rest keep their
 # order, so what remains at the end is short. The order is that of each file's measured total in a default run
-# (2-core EPYC, Dec 2026; `--junitxml` gives the times); a file missing from the list only loses its place.
+# (2-core Xeon, 4 Dec 2026, the workers without the persistent cache; `--junitxml` gives the times); a file
+# missing from the list only loses its place.
 LONGEST_FIRST = (
-    "tests/embodied/test_bc_stage.py", "tests/train/test_stages.py", "tests/train/test_steps.py", "tests/train/test_launch.py",
-    "tests/train/test_weight_sync.py", "tests/train/test_async_collect.py", "tests/train/test_real_paths.py",
-    "tests/quant/test_quantizers.py",
-    "tests/train/test_stage_switches.py", "tests/train/test_main_job.py", "tests/train/test_multihost.py",
-    "tests/rollout/test_sampler.py", "tests/optim/test_logra_training.py", "tests/kernels/test_cpu_attention.py",
-    "tests/rollout/test_resumable_sampler.py", "tests/train/test_early_stop.py", "tests/objectives/test_correction.py",
-    "tests/parallel/test_rules.py", "tests/test_adding_a_method.py", "tests/experiments/test_base_build.py",
-    "tests/optim/test_frozen.py", "tests/embodied/test_acob_stage.py", "tests/experiments/test_timestep_modules.py",
-    "tests/diffusion/test_gen_stages.py",
+    "tests/train/test_launch.py", "tests/train/test_stages.py", "tests/train/test_main_job.py",
+    "tests/train/test_steps.py", "tests/embodied/test_bc_stage.py", "tests/diffusion/test_gen_stages.py",
+    "tests/embodied/test_acob_stage.py", "tests/train/test_multihost.py", "tests/train/test_early_stop.py",
+    "tests/optim/test_frozen.py", "tests/quant/test_quantizers.py", "tests/train/test_real_paths.py",
+    "tests/train/test_weight_sync.py", "tests/embodied/test_accrue_stage.py", "tests/train/test_async_collect.py",
+    "tests/optim/test_logra_training.py", "tests/diffusion/test_art.py", "tests/embodied/test_expert_source.py",
+    "tests/diffusion/test_gen_methods.py", "tests/rollout/test_resumable_sampler.py",
+    "tests/parallel/test_rules.py", "tests/test_adding_a_method.py", "tests/kernels/test_cpu_attention.py",
+    "tests/envs/test_control_envs.py", "tests/models/test_transformer.py", "tests/rollout/test_sampler.py",
+    "tests/experiments/test_base_build.py", "tests/objectives/test_correction.py",
+    "tests/train/test_stage_switches.py", "tests/train/test_multi_turn_stage.py",
 )
 
 

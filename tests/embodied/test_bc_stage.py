@@ -15,7 +15,9 @@ from tests.fast_compile import fast_compile
 from tests.resume import cut_and_resume
 
 
-@pytest.mark.parametrize("method,cut", [pytest.param("fpo", 2, marks=pytest.mark.slow), ("reinflow", 5)])
+# Both -m slow: the default run resumes this config's ReinFlow run after a SIGKILL (tests/train/test_launch.py).
+@pytest.mark.parametrize("method,cut", [pytest.param("fpo", 2, marks=pytest.mark.slow),
+                                        pytest.param("reinflow", 5, marks=pytest.mark.slow)])
 def test_a_cut_embodied_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch, method, cut):
   """BC then RL (the test preset: 4 + 2 steps), cut after global step `cut` (inside BC, inside RL)."""
   config = _config()
