@@ -4,10 +4,13 @@ persistently differs from the float32 master the trainer scores and updates: a r
 
   python launch.py --config=configs/calibrated_is.py:fp8 --workdir=/tmp/calibrated_is/gate_fp8
 
-Presets (the sampler copy; both compute in bfloat16, as an engine serving bf16 weights does):
-  bf16  every floating leaf cast to bfloat16 (RNE)
-  fp8   the matmul kernels rounded to float8_e4m3fn with one scale per output channel (rl.sync.quantizer=fp8,
-        rlkit/quant/fp8.py), the norms and the embedding in bfloat16
+Presets (the sampler copy; each computes in bfloat16, as an engine serving bf16 weights does):
+  bf16   every floating leaf cast to bfloat16 (RNE)
+  fp8    the matmul kernels rounded to float8_e4m3fn with one scale per output channel (rl.sync.quantizer=fp8,
+         rlkit/quant/fp8.py), the norms and the embedding in bfloat16
+  nvfp4  the matmul kernels in NVFP4 (E2M1 codes, an E4M3 scale per 16 inputs, a float32 tensor scale;
+         rl.sync.quantizer=nvfp4, rlkit/quant/fp4.py), the rest in bfloat16 (amendment 1 of the README)
+  mxfp4  the same in MXFP4 (an E8M0 power-of-two scale per 32 inputs; amendment 1)
 Each is the calibration gate's run of that copy (README: 3 iterations, the trainer's `mismatch/*` and the
 published rule's `rollout_corr/*`); experiments/calibrated_is/run.py measures the arms' gradients with the same
 model, task, sampling and copy in-process. `model.path` is relative to the repository root (launch.py's cwd).
@@ -20,9 +23,11 @@ BASE = "experiments/base/model"
 PRESETS = {
     "bf16": "the calibration gate's run of the bf16 sampler copy (3 GRPO iterations from the base)",
     "fp8": "the calibration gate's run of the fp8-rounded sampler copy (3 GRPO iterations from the base)",
+    "nvfp4": "the calibration gate's run of the NVFP4 sampler copy (3 GRPO iterations from the base)",
+    "mxfp4": "the calibration gate's run of the MXFP4 sampler copy (3 GRPO iterations from the base)",
 }
 COPIES = tuple(PRESETS)
-QUANTIZER = {"bf16": "none", "fp8": "fp8"}
+QUANTIZER = {"bf16": "none", "fp8": "fp8", "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
 # The arms (rl.correction fields), pre-registered in experiments/calibrated_is/README.md: library defaults or the
 # peers' presets, never tuned here.
 ARMS = {

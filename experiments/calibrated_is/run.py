@@ -1,5 +1,5 @@
 """Gradient error of off-policy corrections under a persistent engine mismatch, from the pretrained base: the
-sampler on its own bf16 or fp8-rounded weight copy (rl.sync) against the float32 master the trainer scores with
+sampler on its own bf16, fp8 or FP4 weight copy (rl.sync) against the float32 master the trainer scores with
 (calibrated IS: OUR DESIGN, methods/llm.md §9; the published rule: kzhao5/CIS-RL; the pre-registration, the
 gate and the decision rules are README.md's).
 

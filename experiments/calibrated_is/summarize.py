@@ -55,9 +55,10 @@ def load(root):
 
 
 def gate_of(root):
-  """The gate's outcome recomputed from the gate runs' metrics; checked against the driver's gate.json."""
+  """The gate's outcome recomputed from the gate runs' metrics; checked against the driver's gate.json. The copies
+  are those with a gate run in `root` (the first attempt's archive holds bf16 and fp8 only: README, amendment 1)."""
   outcome = mismatch_gate.evaluate({copy: mismatch_gate.read_rows(os.path.join(root, f"gate_{copy}"))
-                                    for copy in COPIES})
+                                    for copy in COPIES if os.path.isdir(os.path.join(root, f"gate_{copy}"))})
   written = read_gate(root)
   if written is not None:
     if written.get("arms_copies") != outcome["arms_copies"]:

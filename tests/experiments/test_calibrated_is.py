@@ -46,10 +46,12 @@ def test_presets_validate_and_differ_in_the_copy_only(stand_in):
     c.model.path = stand_in
     validate(c)
     configs[preset] = c.to_dict()
-  assert configs["bf16"]["rl"]["sync"]["quantizer"] == "none" and configs["fp8"]["rl"]["sync"]["quantizer"] == "fp8"
-  configs["fp8"]["rl"]["sync"]["quantizer"] = "none"
-  assert configs["bf16"] == configs["fp8"]      # run.Env reads the sampling and task settings from one preset
-  with pytest.raises(ValueError, match="bf16, fp8"):
+  assert {p: c["rl"]["sync"]["quantizer"] for p, c in configs.items()} == cfgs.QUANTIZER == {
+      "bf16": "none", "fp8": "fp8", "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
+  for c in configs.values():
+    c["rl"]["sync"]["quantizer"] = "none"
+  assert all(c == configs["bf16"] for c in configs.values())   # run.Env reads the sampling and task settings from one preset
+  with pytest.raises(ValueError, match="bf16, fp8, nvfp4, mxfp4"):
     cfgs.get_config("int4")
 
 
@@ -66,8 +68,9 @@ def _gate_run(path, mismatch, reward=0.5):
     f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-@pytest.mark.parametrize("mismatch, arms", [({"bf16": 0.001, "fp8": 0.002}, []),
-                                            ({"bf16": 0.001, "fp8": 0.05}, ["fp8"])])
+@pytest.mark.parametrize("mismatch, arms", [({"bf16": 0.001, "fp8": 0.002, "nvfp4": 0.02, "mxfp4": 0.029}, []),
+                                            ({"bf16": 0.001, "fp8": 0.05, "nvfp4": 0.02, "mxfp4": 0.04},
+                                             ["fp8", "mxfp4"])])
 def test_the_driver_runs_the_gate_first_and_the_arms_only_on_copies_that_pass(stand_in, tmp_path, monkeypatch,
                                                                               capsys, mismatch, arms):
   monkeypatch.chdir(REPO)                     # run.main moves to the repository root; restored after the test
@@ -83,12 +86,12 @@ def test_the_driver_runs_the_gate_first_and_the_arms_only_on_copies_that_pass(st
   root, dest = tmp_path / "root", tmp_path / "archive"
   status = run.main([f"--root={root}", f"--archive={dest}", f"--model={stand_in}"])
   out = capsys.readouterr().out
-  assert launched == ["configs/calibrated_is.py:bf16", "configs/calibrated_is.py:fp8"]
+  assert launched == [f"configs/calibrated_is.py:{copy}" for copy in ("bf16", "fp8", "nvfp4", "mxfp4")]
   outcome = read_gate(str(root))
   assert outcome["arms_copies"] == arms and outcome["capability"]["pass"] and outcome["passed"] == bool(arms)
   assert outcome["base"]["path"] == stand_in and len(outcome["base"]["model_safetensors_sha256"]) == 64
   if arms:
-    assert status == 0 and measured == [(0, arms), (1, arms), (2, arms)] and "the arms run on: fp8" in out
+    assert status == 0 and measured == [(0, arms), (1, arms), (2, arms)] and "the arms run on: fp8, mxfp4" in out
   else:
     assert status == GATE_FAILED and measured == [] and "STOP: the calibration gate failed" in out
   # The archive holds what the summary reads: the gate runs cut to mismatch_gate.KEYS, gate.json, results.jsonl.
@@ -97,7 +100,7 @@ def test_the_driver_runs_the_gate_first_and_the_arms_only_on_copies_that_pass(st
   assert kept and all("loss" not in r and "grad_norm" not in r for r in kept) and "mismatch/mean" in kept[0]
   summarize.main([f"--root={dest}"])
   out = capsys.readouterr().out
-  assert ("GATE: PASSED: the arms ran on fp8" if arms else "GATE: FAILED") in out
+  assert ("GATE: PASSED: the arms ran on fp8, mxfp4" if arms else "GATE: FAILED") in out
   assert f"base: {stand_in}, model.safetensors SHA-256 {outcome['base']['model_safetensors_sha256']}" in out
   # Measuring gradients alone, on a copy the gate refused, is refused too.
   assert run.main([f"--root={root}", "--part=grad", "--copies=bf16", "--archive="]) == GATE_FAILED
