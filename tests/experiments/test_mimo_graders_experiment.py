@@ -27,6 +27,7 @@ def test_the_arms_differ_in_grader_and_estimator_only_and_validate():
                                                               "rl.advantage", "rl.gar.length_coef"}
   gate = cfg_module.get_config("gate")
   assert gate.rl.optimizer.frozen == "." and gate.rl.steps == cfg_module.GATE["steps"]
+  assert {cfg_module.get_config(p).rl.temperature for p in ("gate", *cfg_module.ARMS)} == {cfg_module.TEMPERATURE}
   assert cfg_module.get_config("sft").task.kwargs.verbose_rate == cfg_module.VERBOSE
 
 
