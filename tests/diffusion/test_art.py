@@ -27,9 +27,10 @@ def test_prompt_directions_aggregate_and_pcgrad():
   x0, s, eps = jax.random.normal(k[0], (3, 4, 1, 2)), jax.random.uniform(k[1], (3, 4)), \
       jax.random.normal(k[2], (3, 4, 1, 2))
   adv = jax.random.normal(k[3], (3, 4))
-  dirs = art.prompt_directions(params, FLOW, cond, x0, adv, s, eps)
-  one = jax.grad(lambda p: jnp.sum(adv[1] * cfm_loss(p, FLOW, jnp.repeat(cond[1:2], 4, 0), x0[1], s[1], eps[1])))(
-      params)
+  # Jitted: eagerly, every op of the per-prompt gradients compiles on its own.
+  dirs = jax.jit(art.prompt_directions, static_argnums=1)(params, FLOW, cond, x0, adv, s, eps)
+  one = jax.jit(jax.grad(lambda p: jnp.sum(adv[1] * cfm_loss(p, FLOW, jnp.repeat(cond[1:2], 4, 0), x0[1], s[1],
+                                                             eps[1]))))(params)
   for a, b in zip(jax.tree.leaves(dirs), jax.tree.leaves(one)):
     np.testing.assert_allclose(np.asarray(a[1]), -np.asarray(b), rtol=1e-4, atol=1e-6)
   flat = art._flat(dirs)
@@ -53,7 +54,8 @@ def test_drift_and_restoration():
   params = jax.tree.map(lambda p: p + 0.1, ref)
   probe = {"a_s": jax.random.normal(jax.random.key(2), (16, 1, 2)), "s": jnp.linspace(0, 0.9, 16),
            "cond": jax.nn.one_hot(jnp.arange(16) % 3, 3)}
-  assert float(art.drift(ref, ref, FLOW, probe)) == 0.0 and float(art.drift(params, ref, FLOW, probe)) > 0
+  drift = jax.jit(art.drift, static_argnums=2)
+  assert float(drift(ref, ref, FLOW, probe)) == 0.0 and float(drift(params, ref, FLOW, probe)) > 0
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
   state = tx.init(params)
   _, state = tx.update(jax.tree.map(jnp.ones_like, params), state, params)

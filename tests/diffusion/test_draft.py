@@ -26,17 +26,22 @@ def _setup():
   return params, cond, eps
 
 
+def _jit_grad(loss):
+  return jax.jit(jax.grad(loss))      # one compile each: eagerly, every op of the 4-step chain compiles on its own
+
+
 def test_k_zero_is_no_gradient_and_k_steps_is_full_backpropagation():
   params, cond, eps = _setup()
-  np.testing.assert_allclose(np.asarray(draft_sample(params, FLOW, cond, eps, 4, 2)),
-                             np.asarray(sample(params, FLOW, cond, None, 4, start=eps)), atol=1e-6)
-  g0 = jax.grad(lambda p: draft_loss(p, FLOW, cond, eps, 4, 0, reward)[0])(params)
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda p: draft_sample(p, FLOW, cond, eps, 4, 2))(params)),
+                             np.asarray(jax.jit(lambda p: sample(p, FLOW, cond, None, 4, start=eps))(params)),
+                             atol=1e-6)
+  g0 = _jit_grad(lambda p: draft_loss(p, FLOW, cond, eps, 4, 0, reward)[0])(params)
   assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree.leaves(g0))
-  full = jax.grad(lambda p: -jnp.mean(reward(sample(p, FLOW, cond, None, 4, start=eps), cond)))(params)
-  g4 = jax.grad(lambda p: draft_loss(p, FLOW, cond, eps, 4, 4, reward)[0])(params)
+  full = _jit_grad(lambda p: -jnp.mean(reward(sample(p, FLOW, cond, None, 4, start=eps), cond)))(params)
+  g4 = _jit_grad(lambda p: draft_loss(p, FLOW, cond, eps, 4, 4, reward)[0])(params)
   for a, b in zip(jax.tree.leaves(g4), jax.tree.leaves(full)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
-  g1 = jax.grad(lambda p: draft_loss(p, FLOW, cond, eps, 4, 1, reward)[0])(params)
+  g1 = _jit_grad(lambda p: draft_loss(p, FLOW, cond, eps, 4, 1, reward)[0])(params)
   assert any(float(jnp.abs(a - b).max()) > 1e-6 for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g4)))
   with pytest.raises(ValueError, match="k=5"):
     draft_sample(params, FLOW, cond, eps, 4, 5)
@@ -48,8 +53,9 @@ def test_draft_raises_the_reward():
   opt = tx.init(params)
   step = jax.jit(lambda p, o: (lambda g: (optax.apply_updates(p, tx.update(g, o)[0]), tx.update(g, o)[1]))(
       jax.grad(lambda q: draft_loss(q, FLOW, cond, eps, 4, 1, reward)[0])(p)))
-  before = float(draft_loss(params, FLOW, cond, eps, 4, 1, reward)[1]["reward"])
+  mean_reward = jax.jit(lambda p: draft_loss(p, FLOW, cond, eps, 4, 1, reward)[1]["reward"])
+  before = float(mean_reward(params))
   for _ in range(30):
     params, opt = step(params, opt)
-  after = float(draft_loss(params, FLOW, cond, eps, 4, 1, reward)[1]["reward"])
+  after = float(mean_reward(params))
   assert after > before + 0.5 * abs(before), (before, after)

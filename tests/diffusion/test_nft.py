@@ -26,14 +26,18 @@ def test_the_optimality_map():
 
 def test_zero_advantage_gives_no_gradient_and_the_sign_of_r_sets_the_direction():
   params, cond, x0, s, eps = _setup()
-  grad = lambda r: jax.grad(lambda p: nft_loss(p, params, FLOW, cond, x0, r, s, eps, 1.0)[0])(params)   # noqa
+  # Jitted: eagerly, every op of the loss and its gradient compiles on its own.
+  grad_at = jax.jit(jax.grad(lambda p, r: nft_loss(p, params, FLOW, cond, x0, r, s, eps, 1.0)[0]))
+  grad = lambda r: grad_at(params, r)   # noqa: E731
   for g in jax.tree.leaves(grad(jnp.full((8,), 0.5))):
     assert float(jnp.abs(g).max()) < 1e-6
 
-  def x0_error(p):
+  @jax.jit
+  def x0_error_of(p):
     a_s = interpolate(x0, eps, s)
     u = FlowExpert(FLOW).apply({"params": p}, a_s, s, cond)
-    return float(jnp.mean((a_s + (1 - s)[:, None, None] * u - x0) ** 2))
+    return jnp.mean((a_s + (1 - s)[:, None, None] * u - x0) ** 2)
+  x0_error = lambda p: float(x0_error_of(p))   # noqa: E731
   before = x0_error(params)
   for r, closer in ((1.0, True), (0.0, False)):
     g = grad(jnp.full((8,), r))
