@@ -20,7 +20,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # (issue 31) and its rerun archives into experiments/<name>/runs/.
 PENDING = {
     "calif": "rerun from the base pre-registered",
-    "graft": "rerun from the base pre-registered",
     "prorubric": "rerun from the base pre-registered", "rquest": "rerun from the base pre-registered",
 }
 
