@@ -20,8 +20,9 @@ score (the concise reference's AST size over the solution's) can. Presets:
   gar        GRS rewards, GAR advantages (rl.advantage=gar, quality = the solution score, lam_cap 2)
   gar_len    gar with the group-relative length penalty (gar.length_coef = LENGTH_COEF, anchor quantile 0.3)
 
-Every RL arm: STEPS iterations of PROMPTS prompts x GROUP samples (at most 104 tokens, at TEMPERATURE), AdamW at LR, evaluated
-on 200 held-out prompts at the start and the end (greedy; a prompt counts when every hidden test passes).
+Every RL arm: STEPS iterations of PROMPTS prompts x GROUP samples (at most 104 tokens, at TEMPERATURE), AdamW at
+LR, evaluated on 200 held-out prompts at the start and the end (greedy; a prompt counts when every hidden test
+passes).
 """
 from rlkit.train.config import set_dotted, sibling_config
 

@@ -50,7 +50,7 @@ def test_presets_validate_and_differ_in_the_copy_only(stand_in):
       "bf16": "none", "fp8": "fp8", "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
   for c in configs.values():
     c["rl"]["sync"]["quantizer"] = "none"
-  assert all(c == configs["bf16"] for c in configs.values())   # run.Env reads the sampling and task settings from one preset
+  assert all(c == configs["bf16"] for c in configs.values())   # run.Env reads sampling and task from one preset
   with pytest.raises(ValueError, match="bf16, fp8, nvfp4, mxfp4"):
     cfgs.get_config("int4")
 
