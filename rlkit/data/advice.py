@@ -10,6 +10,10 @@ ProRubric's gate (mode `gated`) advice pays only with the decision met. The comp
 max_new_tokens) is what makes them compete for slots. The verifier reads the leading integer, so "42 13" is
 right and still meets 4 advice items: padding after a right answer pays under both scores.
 
+`pad_frac` (default 0): the share of examples whose SFT demonstration pads the right answer with one more digit
+("42 7"), drawn per example and kept in the field `pad` (" 7", or "" for a bare answer), so an SFT policy
+sometimes writes what additive scoring rewards. At 0 no draw is made: the examples are those of before the field.
+
 The rubric also carries the released ProRubric protocol's grouping (mode `dimensions`, rlkit/rewards/rubric.py),
 which the other modes ignore: two dimensions, "answer" (the decision) with the failure clause "writes anything
 after the answer" (a regex on what follows the leading integer), and "advice" (every advice item: held only by
@@ -44,6 +48,7 @@ class AdviceArithmetic(Arithmetic):
   decision_points: float = 1.0
   advice_points: float = 0.5
   advice: str = "0123456789"
+  pad_frac: float = 0.0
   name: str = dataclasses.field(default="advice_arithmetic", init=False)
   required_fields: tuple = dataclasses.field(default=("rubric",), init=False)
 
@@ -55,6 +60,8 @@ class AdviceArithmetic(Arithmetic):
                f"{key} must be a positive number, got {value!r}.")
     _require(isinstance(self.advice, str) and len(set(self.advice)) == len(self.advice) > 0, self.name,
              f"advice must be a non-empty string of distinct characters, got {self.advice!r}.")
+    _require(isinstance(self.pad_frac, (int, float)) and not isinstance(self.pad_frac, bool)
+             and 0.0 <= self.pad_frac <= 1.0, self.name, f"pad_frac must be in [0, 1], got {self.pad_frac!r}.")
 
   def rubric(self) -> list[dict]:
     decision = {"criterion": "the answer is the value", "points": self.decision_points, "critical": True,
@@ -64,7 +71,15 @@ class AdviceArithmetic(Arithmetic):
     return [decision] + advice + [PAST_ANSWER]
 
   def make_example(self, rng: np.random.Generator) -> dict[str, Any]:
-    return {**super().make_example(rng), "rubric": self.rubric()}
+    example = {**super().make_example(rng), "rubric": self.rubric()}
+    if self.pad_frac > 0:
+      pads = rng.random() < self.pad_frac
+      digit = int(rng.integers(10))
+      example["pad"] = f" {digit}" if pads else ""
+    return example
+
+  def demonstration(self, example: Mapping[str, Any]) -> str:
+    return example["answer"] + example.get("pad", "")
 
   def eval_counts(self, example: Mapping[str, Any], completion_text: str) -> dict[str, float]:
     """The rubric reward's own judging and aggregation (rlkit/rewards/rubric.py) of one greedy answer."""

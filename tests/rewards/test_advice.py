@@ -65,3 +65,19 @@ def test_padding_after_the_answer_pays_except_under_the_released_dimensions(exec
     assert counts["rubric/advice_met"] == len(set(completion) & set("0123456789"))
   assert set(task.eval_metrics({k: 2.0 for k in counts})) == {
       "rubric/additive", "rubric/gated", "rubric/dimensions", "rubric/advice_met", "rubric/padded", "rubric/clean"}
+
+
+def test_pad_frac_pads_a_share_of_the_demonstrations_and_zero_draws_nothing():
+  bare, padded = make_task("advice_arithmetic", max_digits=2), make_task("advice_arithmetic", max_digits=2,
+                                                                         pad_frac=0.5)
+  rng = np.random.default_rng(0)
+  examples = [bare.make_example(rng) for _ in range(3)]
+  assert all("pad" not in e and bare.demonstration(e) == e["answer"] for e in examples)
+  rng = np.random.default_rng(1)
+  demos = [(e, padded.demonstration(e)) for e in (padded.make_example(rng) for _ in range(200))]
+  share = np.mean([d != e["answer"] for e, d in demos])
+  assert 0.4 < share < 0.6
+  assert all(padded.verify(d, e["answer"]) == 1.0 and (d == e["answer"] or (d[:-2] == e["answer"] and d[-2] == " "))
+             for e, d in demos)
+  with pytest.raises(ValueError, match=r"pad_frac must be in \[0, 1\]"):
+    make_task("advice_arithmetic", pad_frac=1.5)
