@@ -7,7 +7,7 @@ additively (HealthBench), with ProRubric's gate (our design), or by the released
   python experiments/prorubric/run.py --root=/tmp/prorubric [--seeds=0,1,2]        # all of it, gate first
 
 `sft`: the pretrained base (experiments/base/model, `--config.model.path` to use another) fine-tuned for
-SFT_STEPS steps on the task's sums, the base policy of every arm (its own per seed). Every arm starts from it on
+SFT_STEPS steps on the task's sums (a share PAD_FRAC of the demonstrations padded with one digit), the base policy of every arm (its own per seed). Every arm starts from it on
 the same sums with the task `advice_arithmetic` (rlkit/data/advice.py): each example's rubric is the decision
 (the sum, critical, 1 point), ten advice items "mentions the digit d" (W points each) and the released
 protocol's grouping of them (dimension "answer" with the failure clause "writes anything after the answer",
@@ -33,6 +33,9 @@ grpo_arith = sibling_config(__file__, "grpo_arith")
 
 BASE = "experiments/base/model"
 SFT_STEPS = 100
+# Amendment 1 (README): the first attempt's gate failed on G2 (its SFT policy wrote the bare sum: at most 0.6% of
+# samples outscored it); a share PAD_FRAC of the SFT demonstrations now pad the sum with one digit ("42 7").
+PAD_FRAC = 0.3
 STEPS = 60
 EVAL_EVERY = 20
 RATIOS = (0.1, 0.5, 1.0)
@@ -59,6 +62,7 @@ def get_config(arg=None):
   # The main job's sums with the rubric attached; the SFT policy's evaluations report the rubric metrics too,
   # at the default advice points 0.5.
   c.task.name = "advice_arithmetic"
+  c.task.kwargs.pad_frac = PAD_FRAC  # every stage's examples alike; only the SFT demonstrations read it
   c.data.max_prompt_len = 0          # derived: the longest held-out prompt
   c.eval.pass_k = 0                  # greedy is what the predictions read; the gate samples on its own
   if preset == "sft":

@@ -43,6 +43,7 @@ def test_every_preset_validates_on_the_base_and_arms_differ_only_in_their_reward
     configs[preset] = c
   assert C.get_config("sft").model.path == C.BASE == "experiments/base/model"
   assert configs["sft"].stages == ("sft",) and configs["sft"].sft.steps == C.SFT_STEPS
+  assert {c.task.kwargs.pad_frac for c in configs.values()} == {C.PAD_FRAC}   # amendment 1: padded SFT demos
   flat = {arm: configs[arm].to_dict() for arm in C.ARMS}
   for arm, (mode, w) in C.ARMS.items():
     c = configs[arm]
