@@ -39,9 +39,12 @@ import pytest  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 # The persistent cache serves the subprocesses (launch.py runs) only, not the long-lived pytest-xdist workers: a
 # worker that had loaded thousands of executables (many written by the other worker) segfaulted in libgcc's
-# unwinder when jaxlib threw the C++ exception of a failed `executable.serialize()` on a cache write (gdb on the
-# core: _Unwind_Find_FDE under __cxa_throw under PyLoadedExecutable.serialize; three full runs of three crashed,
-# at different tests, 93-97% of the way). A worker's own programs repeat through JAX's in-memory caches.
+# unwinder on a C++ exception (gdb on the core: _Unwind_Find_FDE under __cxa_throw, there thrown by a failed
+# `executable.serialize()` on a cache write; three full runs of three crashed, at different tests, 93-97% of the
+# way). jaxlib throws C++ exceptions routinely (nanobind's stop_iteration ends every DeviceList iteration), so
+# what matters is the unwinder's stale state, which loading or keeping many executables makes likelier: an
+# in-memory memo of compiled executables (no serialization) crashed the same way at 53% of a run. A worker's
+# own programs repeat through JAX's in-memory caches only.
 jax.config.update("jax_enable_compilation_cache", False)
 
 
