@@ -8,7 +8,8 @@ DIR/<arm>_<overlap>_s<seed>. For A (the policy, `add`) and B (the peer, `peer/` 
 arm over the seeds found: held-out greedy accuracy per operator at every evaluation and at the end, and the
 training time (the iterations' `step_s`); per direction the groups rescued, grafted rows, rows kept and tokens
 kept / rejected (sums over iterations); the largest gradient norm. Then the pre-registered verdicts (README),
-each per seed where it is paired. Writes the plot to DIR/accuracy.png, or into --out.
+each per seed where it is paired. Writes the plot to DIR/accuracy.png, or into --out. Last, when
+experiments/graft/probe_runs exists, the SFT probe's table (probe.py).
 """
 import os
 import sys
@@ -20,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.graft import ARMS, MODELS, OVERLAPS  # noqa: E402
 from experiments.driver import read_json, spread, summary_path  # noqa: E402
 from experiments.gate import parse_summary_args, read_gate  # noqa: E402
+from experiments.graft import probe  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 PREFIX = {"A": "", "B": "peer/"}                 # metric prefix of each model in an arm's workdir
@@ -138,6 +140,10 @@ def main(argv=None) -> None:
   verdicts(runs, read_gate(args.root))
   if runs:
     plot(runs, summary_path(args.out, args.root, "accuracy.png"))
+  if os.path.isdir(probe.ARCHIVE):
+    print(f"\nThe SFT probe for a third design (experiments/graft/probe.py, archived in {probe.ARCHIVE}): greedy "
+          "accuracy on a balanced set, 200 problems a skill\n")
+    print("\n".join(probe.table(probe.ARCHIVE)))
 
 
 def verdicts(runs: dict, gate) -> None:
