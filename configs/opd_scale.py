@@ -58,13 +58,13 @@ RL_STEPS = 40                       # GRPO iterations of both RL-trained teacher
 STUDENT_STOP_AT_LOSS = {128: 0.6, 96: 0.6}
 STUDENT_MAX_STEPS = 2500
 SELF_SFT_STEPS = 900                # the main job's seed 0: 280 -> 1200 SFT steps took it from 0.32 to 0.84
-DISTILL_STEPS = 400
+DISTILL_STEPS = 1200                # amendment 2 (README); pre-registered 400
 EVAL_EVERY = 100
 PROMPTS, SAMPLES = 32, 2            # 64 sequences an update, as SFT's batch of 64
-# The OPD rate: 3e-4 as pre-registered (between the main job's RL 1e-4 and SFT 1e-3 rates, README "Setup"); the
-# first gate's G3 failed (pilot gain 0.092 < 0.10, experiments/opd_scale/gate_attempt1), so its pre-registered
-# change applies: the SFT rate, 1e-3, iterations unchanged.
-DISTILL_LR = 1e-3
+# The OPD rate: 3e-4 as first pre-registered (between the main job's RL 1e-4 and SFT 1e-3 rates, README "Setup").
+# The first gate's G3 failed (pilot gain 0.092 < 0.10, gate_attempt1), and its pre-registered change, 1e-3,
+# collapsed the pilot (gate_attempt2); amendment 2 (README) returns to 3e-4 with three times the iterations.
+DISTILL_LR = 3e-4
 DISTILL_WARMUP = 10
 # teacher -> the workdir (run preset teacher_<run>) and the stage whose last checkpoint and evaluation it is
 TEACHERS = {"tbase_sft": ("base", "sft"), "tbase_rl": ("base", "rl"), "t192sft": ("w192", "sft"),
