@@ -1,0 +1,37 @@
+"""The proposer-SFT probe run after rquest's failed gate, before any new pre-registration: can a short SFT from the
+base teach it to write questions (`a=3,b=5:` -> `a*b+2`), which it never does (0 of 320 valid at the gate)?
+One SFT run per preset from the base on the proposer's demonstrations (`rquest_questions`, role `propose`),
+evaluated greedily on held-out bindings (`eval/accuracy`: the share of valid questions, the task's own checker)
+and on the solver's held-out questions (`eval/solve/accuracy`: what the fine-tuning costs the base as solver).
+
+  python launch.py --config=experiments/rquest/probe.py:sft200 --workdir=/tmp/rquest_probe/sft200
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from configs import rquest  # noqa: E402
+from rlkit.train.config import sft_defaults  # noqa: E402
+
+PRESETS = {"sft50": 50, "sft200": 200}      # SFT steps of 64 demonstrations
+
+
+def get_config(arg=None):
+  if arg not in PRESETS:
+    raise ValueError(f"Unknown preset {arg!r} for the rquest probe; choose one of {', '.join(PRESETS)}.")
+  c = rquest.get_config("rquest")
+  del c["rquest"]
+  del c.models["proposer"]
+  c.stages = ("sft",)
+  c.task.kwargs = {"role": "propose"}
+  c.eval.extra_sets = {"solve": {"role": "solve"}}
+  c.eval.max_new_tokens = 12         # an expression of the proposer's length (the gate's)
+  # The proposer's prompts are bindings alone: 740 distinct ones, so 600 train (each seen PRESETS x 64 / 600 times,
+  # one expression each) and 100 held out.
+  c.data.num_train, c.data.num_test = 600, 100
+  c.eval.num_examples = c.eval.batch_size = 100
+  c.sft = s = sft_defaults()
+  s.steps, s.batch_size, s.max_len = PRESETS[arg], 64, 40
+  s.optimizer.lr, s.optimizer.warmup_steps, s.optimizer.schedule = 3e-4, 10, "cosine"
+  s.eval_every = 0
+  return c
