@@ -112,8 +112,9 @@ def get_config(arg=None):
   if preset == "ci":
     # Measured (seeds 0-4, JAX_DISABLE_MOST_OPTIMIZATIONS=1 as the test runs it): SFT leaves 11-25% of the
     # held-out prompts right, and RL adds 0.8 to 16.1 points depending on the seed and the CPU (three CPUs;
-    # XLA's optimizations on: 2.0 to 6.3; tests/train/test_main_job.py lists them). The 32-wide test model had only 6-10% right after 400-600 SFT steps; 512 training prompts gave
-    # 20% at step 300 where 4000 gave 7% (each prompt seen 37 times, not 5).
+    # XLA's optimizations on: 2.0 to 6.3; tests/train/test_main_job.py lists them). The 32-wide test model had
+    # only 6-10% right after 400-600 SFT steps; 512 training prompts gave 20% at step 300 where 4000 gave 7%
+    # (each prompt seen 37 times, not 5).
     c.model.hidden_size = 64
     c.model.intermediate_size = 128
     c.model.num_heads = 4

@@ -1,12 +1,14 @@
-"""The SFT probe run before graft's second pre-registration (amendment 2): which pairs of 4-digit-era skills are
-of matched difficulty for the base? Each preset is one SFT run of configs/graft.py's SFT recipe (150 steps x 64,
-lr 3e-4) on a two-skill mixture, evaluated on a balanced set of the candidate skills (`eval/mixed/accuracy/<s>`).
+"""The SFT probe run after graft's rerun gate failed, looking for a design to pre-register (none was found:
+results.md): which pairs of skills are of matched difficulty for the base? Each preset is one SFT run of
+configs/graft.py's SFT recipe (lr 3e-4; 150 steps x 64, or 300 for the `_300` presets) on a two-skill mixture,
+evaluated on a balanced set of the candidate skills (`eval/mixed/accuracy/<skill>`).
 
   python launch.py --config=experiments/graft/probe.py:sub97_add03 --workdir=/tmp/graft_probe/sub97_add03
   python experiments/graft/probe.py --root=experiments/graft/probe_runs     # the table (summarize.py prints it too)
 
 Skills (mixture names, so eval.by_category reports them by name): `add` 4-digit a+b, `sub` 4-digit a-b, `mul`
-2-digit x 2-digit a*b, `chain` three 3-digit operands joined by + or -. A preset `<own><pct>_<weak><pct>` trains on those shares.
+2-digit x 2-digit a*b, `chain` three 3-digit operands joined by + or -. A preset `<own><pct>_<weak><pct>` trains
+on those shares.
 """
 import argparse
 import json

@@ -39,8 +39,8 @@ def test_ci_preset_rl_improves_on_sft(tmp_path):
 
   RL's sampled trajectory follows the last bits of the arithmetic, so each CPU is in effect another draw of the
   gains' spread. Measured (JAX_DISABLE_MOST_OPTIMIZATIONS=1, as here), seeds 0-4, points:
-    AMD EPYC (AVX2):           +11.7, +5.4, +6.7, +16.1, +13.3   (seed 0: SFT 0.195 -> RL 0.312)
-    Intel Xeon (session 26):   +4.7, +6.3, +3.5, +9.0, +7.4      (seed 0: SFT 0.148 -> RL 0.195)
+    AMD EPYC (earlier sessions): +11.7, +5.4, +6.7, +16.1, +13.3   (seed 0: SFT 0.195 -> RL 0.312)
+    Intel Xeon (session 26):     +4.7, +6.3, +3.5, +9.0, +7.4      (seed 0: SFT 0.148 -> RL 0.195)
     AMD EPYC without AVX2 (5 Dec 2026): +4.7, +0.8, +1.6, +3.5, +10.5 (seed 0: SFT 0.152 -> RL 0.199; the same at
       commit 8e95933, where the first row was measured: the CPU, not the code); with 240 iterations instead of
       120 they plateau at +4.7, +5.5, +4.3, +4.3, +11.3.
