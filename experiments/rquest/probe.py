@@ -13,7 +13,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from configs import rquest  # noqa: E402
 from rlkit.train.config import sft_defaults  # noqa: E402
 
-PRESETS = {"sft50": 50, "sft200": 200}      # SFT steps of 64 demonstrations
+PRESETS = {"sft50": 50, "sft200": 200,      # SFT steps of 64 demonstrations
+           "sft200_wide": 200}            # round 2: bindings over 11 names (5,000 distinct training prompts)
+WIDE_NAMES = "abcdefghxyz"
 
 
 def get_config(arg=None):
@@ -30,6 +32,11 @@ def get_config(arg=None):
   # one expression each) and 100 held out.
   c.data.num_train, c.data.num_test = 600, 100
   c.eval.num_examples = c.eval.batch_size = 100
+  if arg.endswith("_wide"):        # more names, more distinct bindings; `abxy`: the experiment's own prompts
+    c.task.kwargs = {"role": "propose", "names": WIDE_NAMES}
+    c.data.num_train, c.data.num_test = 5_000, 200
+    c.eval.num_examples = c.eval.batch_size = 200
+    c.eval.extra_sets = {"abxy": {"names": "abxy"}, "solve": {"role": "solve", "names": "abxy"}}
   c.sft = s = sft_defaults()
   s.steps, s.batch_size, s.max_len = PRESETS[arg], 64, 40
   s.optimizer.lr, s.optimizer.warmup_steps, s.optimizer.schedule = 3e-4, 10, "cosine"
