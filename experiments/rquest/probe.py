@@ -14,7 +14,8 @@ from configs import rquest  # noqa: E402
 from rlkit.train.config import sft_defaults  # noqa: E402
 
 PRESETS = {"sft50": 50, "sft200": 200,      # SFT steps of 64 demonstrations
-           "sft200_wide": 200}            # round 2: bindings over 11 names (5,000 distinct training prompts)
+           "sft200_wide": 200,            # round 2: bindings over 11 names (5,000 distinct training prompts)
+           "sft800": 800}                 # round 3: four times round 1's longer run
 WIDE_NAMES = "abcdefghxyz"
 
 
