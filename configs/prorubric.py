@@ -6,14 +6,14 @@ additively (HealthBench), with ProRubric's gate (our design), or by the released
     --config.seed=0 --config.model.path=/tmp/prorubric/sft_s0
   python experiments/prorubric/run.py --root=/tmp/prorubric [--seeds=0,1,2]        # all of it, gate first
 
-`sft`: the pretrained base (experiments/base/model, `--config.model.path` to use another) fine-tuned for
-SFT_STEPS steps on the task's sums (a share PAD_FRAC of the demonstrations padded with one digit), the base policy of every arm (its own per seed). Every arm starts from it on
-the same sums with the task `advice_arithmetic` (rlkit/data/advice.py): each example's rubric is the decision
-(the sum, critical, 1 point), ten advice items "mentions the digit d" (W points each) and the released
-protocol's grouping of them (dimension "answer" with the failure clause "writes anything after the answer",
-dimension "advice"). RL: 32 prompts x 8 samples at temperature 1 (the driver passes the gate's, 1 or 1.5), at most
-5 new tokens, lr 1e-4, one update per iteration, no KL, for STEPS iterations, evaluated every EVAL_EVERY on the 500
-held-out sums. Arms, `<mode>_w<W>`:
+`sft`: the pretrained base (experiments/base/model, `--config.model.path` to use another) fine-tuned for SFT_STEPS
+steps on the task's sums (a share PAD_FRAC of the demonstrations padded with one digit), the base policy of every
+arm (its own per seed). Every arm starts from it on the same sums with the task `advice_arithmetic`
+(rlkit/data/advice.py): each example's rubric is the decision (the sum, critical, 1 point), ten advice items
+"mentions the digit d" (W points each) and the released protocol's grouping of them (dimension "answer" with the
+failure clause "writes anything after the answer", dimension "advice"). RL: 32 prompts x 8 samples at temperature 1
+(the driver passes the gate's, 1 or 1.5), at most 5 new tokens, lr 1e-4, one update per iteration, no KL, for STEPS
+iterations, evaluated every EVAL_EVERY on the 500 held-out sums. Arms, `<mode>_w<W>`:
 
   additive_w<W>     reward = HealthBench's score: (1[sum right] + W * distinct digits written) / (1 + 10 W)
   gated_w<W>        ProRubric (ours), mode `gated` (hard gate on the decision, penalties none): the same score

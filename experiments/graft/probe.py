@@ -11,12 +11,12 @@ Skills (mixture names, so eval.by_category reports them by name): `add` 4-digit 
 on those shares.
 """
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from configs import graft  # noqa: E402
+from rlkit.train.metrics import read_metrics  # noqa: E402
 
 ARCHIVE = "experiments/graft/probe_runs"
 KEYS = ("stage", "step", "eval/mixed/")     # what table() reads of a workdir (experiments/archive.py keys)
@@ -61,10 +61,10 @@ def table(root: str) -> list:
   lines = ["| probe | trained on | SFT steps | " + " | ".join(f"{s}: base -> SFT" for s in SKILLS) + " |",
            "|---|---|---|" + "---|" * len(SKILLS)]
   for name in PRESETS:
-    path = os.path.join(root, name, "metrics.jsonl")
-    if not os.path.exists(path):
+    evals = [r for r in read_metrics(os.path.join(root, name, "metrics.jsonl"))
+             if any(k.startswith("eval/mixed/accuracy/") for k in r)]
+    if not evals:
       continue
-    evals = [r for r in map(json.loads, open(path)) if any(k.startswith("eval/mixed/accuracy/") for k in r)]
     start, end = evals[0], evals[-1]
     cell = lambda s: (f"{start[f'eval/mixed/accuracy/{s}']:.3f} -> {end[f'eval/mixed/accuracy/{s}']:.3f}"  # noqa: E731
                       if f"eval/mixed/accuracy/{s}" in end else "-")

@@ -140,10 +140,11 @@ def main(argv=None) -> None:
   verdicts(runs, read_gate(args.root))
   if runs:
     plot(runs, summary_path(args.out, args.root, "accuracy.png"))
-  if os.path.isdir(probe.ARCHIVE):
+  probe_root = os.path.join(HERE, "probe_runs")      # probe.ARCHIVE, wherever the summary runs from
+  if os.path.isdir(probe_root):
     print(f"\nThe SFT probe for a third design (experiments/graft/probe.py, archived in {probe.ARCHIVE}): greedy "
           "accuracy on a balanced set, 200 problems a skill\n")
-    print("\n".join(probe.table(probe.ARCHIVE)))
+    print("\n".join(probe.table(probe_root)))
 
 
 def verdicts(runs: dict, gate) -> None:

@@ -6,12 +6,8 @@ and on the solver's held-out questions (`eval/solve/accuracy`: what the fine-tun
 
   python launch.py --config=experiments/rquest/probe.py:sft200 --workdir=/tmp/rquest_probe/sft200
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from configs import rquest  # noqa: E402
-from rlkit.train.config import sft_defaults  # noqa: E402
+from configs import rquest
+from rlkit.train.config import sft_defaults
 
 PRESETS = {"sft50": 50, "sft200": 200,      # SFT steps of 64 demonstrations
            "sft200_wide": 200,            # round 2: bindings over 11 names (5,000 distinct training prompts)

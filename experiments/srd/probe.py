@@ -8,12 +8,8 @@
 
 2 rooms have 4 layouts (one door, its key in room 0): 3 train, 1 held out; PRESETS' steps of SFT_BATCH rows.
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from configs import srd  # noqa: E402
-from rlkit.train.config import sft_defaults  # noqa: E402
+from configs import srd
+from rlkit.train.config import sft_defaults
 
 SFT_BATCH = 16
 # preset -> (SFT steps, peak learning rate); round 2 (`sft2_long`) after round 1's loss stayed at 2.8 nats a token

@@ -21,7 +21,8 @@ PENDING: dict = {}
 
 
 def _experiments():
-  return sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(REPO, "experiments", "*", "results.md")))
+  return sorted(os.path.basename(os.path.dirname(p))
+                for p in glob.glob(os.path.join(REPO, "experiments", "*", "results.md")))
 
 
 def _command(name):
