@@ -4,13 +4,18 @@ validity, frontier difficulty and novelty against a memory bank (`rquest`) or by
 surface repetition (`rzero`, the R-Zero-style baseline), and the solver learns from the majority of its own
 answers (R-Zero's pseudo-label) or, in the checker-label controls, from the checker's exact answer.
 
-  python launch.py --config=configs/rquest.py:gate --workdir=/tmp/rquest/gate_s0 --config.seed=0
-  python launch.py --config=configs/rquest.py:rquest --workdir=/tmp/rquest/rquest_s0 --config.seed=0
-  python experiments/rquest/run.py --root=/tmp/rquest    # the calibration gate, then every arm and seed
+  python launch.py --config=configs/rquest.py:proposer_sft --workdir=/tmp/rquest/proposer_sft_s0 --config.seed=0
+  python launch.py --config=configs/rquest.py:gate --workdir=/tmp/rquest/gate_s0 --config.seed=0 \
+      --config.models.proposer.path=/tmp/rquest/proposer_sft_s0
+  python launch.py --config=configs/rquest.py:rquest --workdir=/tmp/rquest/rquest_s0 --config.seed=0 \
+      --config.models.proposer.path=/tmp/rquest/proposer_sft_s0
+  python experiments/rquest/run.py --root=/tmp/rquest    # proposer SFT, the calibration gate, every arm and seed
 
-Both models start from the base (experiments/base/model), which solves such questions (its solve_bound skill,
-prompt "x=5,a=3:7-x-a=") and writes them (write_question, prompt "b=6,x=8:"), and never learned the reject
-head's verdicts: no arm uses the reject head (rquest.judge_samples=0). Every arm runs the `rquest` stage
+The solver is the base (experiments/base/model), which solves such questions (its solve_bound skill, prompt
+"x=5,a=3:7-x-a="). The proposer is the base after `proposer_sft`: PROPOSER_SFT_STEPS steps of SFT on the
+proposer's demonstrations (bindings -> expression, prompt "b=6,x=8:"), one run per seed, since the base's own
+write_question skill did not take (the first gate: 0 of 320 questions valid). Neither learned the reject head's
+verdicts: no arm uses the reject head (rquest.judge_samples=0). Every arm runs the `rquest` stage
 (rlkit/train/rquest_stage.py) for STEPS iterations of 8 bindings x 8 questions x 4 solver answers, lr RL_LR for
 both models, evaluated every EVAL_EVERY on the 500 held-out questions; the arms differ in the proposer reward
 and the solver's labels only (`ARMS`):
@@ -23,11 +28,11 @@ and the solver's labels only (`ARMS`):
   rzero_checker   rzero with the checker's labels (which exist for valid questions only, so its solver learns
                   from the valid ones)
 
-`gate`: the base in the rquest stage for GATE_STEPS iterations with every weight frozen (optimizer.frozen='.'),
-its evaluation at the start also on proposer prompts (eval/propose/accuracy: the share of valid questions it
-writes greedily): what the calibration gate reads (experiments/rquest/run.py).
+`gate`: the base solver and the seed's SFT proposer in the rquest stage for GATE_STEPS iterations with every
+weight frozen (optimizer.frozen='.'): what the calibration gate reads (experiments/rquest/run.py), with the
+proposer SFT's own held-out evaluation (eval/accuracy: the share of valid questions it writes greedily).
 """
-from rlkit.train.config import base_config
+from rlkit.train.config import base_config, sft_defaults
 from rlkit.train.models import role_model_defaults
 from rlkit.train.rquest_stage import rquest_defaults
 
@@ -36,13 +41,16 @@ STEPS = 60
 EVAL_EVERY = 10
 GATE_STEPS = 5
 RL_LR = 1e-4
+PROPOSER_SFT_STEPS = 800            # 66% valid questions, greedy, in the probe (experiments/rquest/probe_runs)
+PROPOSER_REQUIRED = "REQUIRED:--config.models.proposer.path=<the seed's proposer_sft workdir>"
 ARMS = {"rquest": {"reward": "rquest", "labels": "majority"},
         "rzero": {"reward": "rzero", "labels": "majority"},
         "rquest_checker": {"reward": "rquest", "labels": "checker"},
         "rzero_checker": {"reward": "rzero", "labels": "checker"}}
 PRESETS = {**{arm: f"the rquest stage from the base, proposer reward {spec['reward']!r}, {spec['labels']} labels"
               for arm, spec in ARMS.items()},
-           "gate": f"the base in the rquest stage, frozen, {GATE_STEPS} iterations: the calibration gate's run"}
+           "gate": f"the base and the SFT proposer in the rquest stage, frozen, {GATE_STEPS} iterations: the gate's run",
+           "proposer_sft": f"the base fine-tuned on the proposer's demonstrations, {PROPOSER_SFT_STEPS} steps"}
 
 
 def get_config(arg=None):
@@ -70,11 +78,31 @@ def get_config(arg=None):
   spec = ARMS.get(preset, ARMS["rquest"])
   r.rquest.reward, r.rquest.labels, r.rquest.judge_samples = spec["reward"], spec["labels"], 0
   c.models.proposer = role_model_defaults()
-  c.models.proposer.path = BASE_MODEL
+  c.models.proposer.path = PROPOSER_REQUIRED
   c.models.proposer.trainable = True
   if preset == "gate":
     r.steps, r.eval_every = GATE_STEPS, 0
-    r.optimizer.frozen = "."         # every weight of both models: the base measured in the stage's own loop
-    c.eval.extra_sets = {"propose": {"role": "propose"}}   # the base writing questions (valid share), greedily
-    c.eval.max_new_tokens = 12       # an expression of the proposer's length
+    r.optimizer.frozen = "."         # every weight of both models: measured in the stage's own loop
+  if preset == "proposer_sft":
+    proposer_sft(c, PROPOSER_SFT_STEPS)
   return c
+
+
+def proposer_sft(c, steps: int) -> None:
+  """`c` made an SFT run of `steps` steps of 64 of the proposer's demonstrations (`a=3,b=5:` -> `a*b+2`) from
+  the base, evaluated greedily on held-out bindings (eval/accuracy: the share of valid questions, the task's
+  own checker) and as a solver (eval/solve/accuracy: what the fine-tuning costs the base at solving)."""
+  del c["rquest"]
+  del c.models["proposer"]
+  c.stages = ("sft",)
+  c.task.kwargs = {"role": "propose"}
+  c.eval.extra_sets = {"solve": {"role": "solve"}}
+  c.eval.max_new_tokens = 12         # an expression of the proposer's length
+  # The proposer's prompts are bindings alone: 740 distinct ones, so 600 train (one expression each) and 100
+  # held out.
+  c.data.num_train, c.data.num_test = 600, 100
+  c.eval.num_examples = c.eval.batch_size = 100
+  c.sft = s = sft_defaults()
+  s.steps, s.batch_size, s.max_len = steps, 64, 40
+  s.optimizer.lr, s.optimizer.warmup_steps, s.optimizer.schedule = 3e-4, 10, "cosine"
+  s.eval_every = 0

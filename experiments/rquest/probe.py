@@ -7,7 +7,6 @@ and on the solver's held-out questions (`eval/solve/accuracy`: what the fine-tun
   python launch.py --config=experiments/rquest/probe.py:sft200 --workdir=/tmp/rquest_probe/sft200
 """
 from configs import rquest
-from rlkit.train.config import sft_defaults
 
 PRESETS = {"sft50": 50, "sft200": 200,      # SFT steps of 64 demonstrations
            "sft200_wide": 200,            # round 2: bindings over 11 names (5,000 distinct training prompts)
@@ -19,23 +18,10 @@ def get_config(arg=None):
   if arg not in PRESETS:
     raise ValueError(f"Unknown preset {arg!r} for the rquest probe; choose one of {', '.join(PRESETS)}.")
   c = rquest.get_config("rquest")
-  del c["rquest"]
-  del c.models["proposer"]
-  c.stages = ("sft",)
-  c.task.kwargs = {"role": "propose"}
-  c.eval.extra_sets = {"solve": {"role": "solve"}}
-  c.eval.max_new_tokens = 12         # an expression of the proposer's length (the gate's)
-  # The proposer's prompts are bindings alone: 740 distinct ones, so 600 train (each seen PRESETS x 64 / 600 times,
-  # one expression each) and 100 held out.
-  c.data.num_train, c.data.num_test = 600, 100
-  c.eval.num_examples = c.eval.batch_size = 100
+  rquest.proposer_sft(c, PRESETS[arg])    # the settings every round shares, and the experiment's proposer stage
   if arg.endswith("_wide"):        # more names, more distinct bindings; `abxy`: the experiment's own prompts
     c.task.kwargs = {"role": "propose", "names": WIDE_NAMES}
     c.data.num_train, c.data.num_test = 5_000, 200
     c.eval.num_examples = c.eval.batch_size = 200
     c.eval.extra_sets = {"abxy": {"names": "abxy"}, "solve": {"role": "solve", "names": "abxy"}}
-  c.sft = s = sft_defaults()
-  s.steps, s.batch_size, s.max_len = PRESETS[arg], 64, 40
-  s.optimizer.lr, s.optimizer.warmup_steps, s.optimizer.schedule = 3e-4, 10, "cosine"
-  s.eval_every = 0
   return c

@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from configs.rquest import ARMS  # noqa: E402
 from experiments.arm_tables import load_with_training, summarize  # noqa: E402
-from experiments.driver import spread, summary_path  # noqa: E402
+from experiments.driver import last_eval, spread, summary_path  # noqa: E402
 from experiments.gate import parse_summary_args  # noqa: E402
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
@@ -91,6 +91,10 @@ def main(argv=None) -> None:
   base = base_accuracy(args.root, ARMS, seeds)
   if base:
     print(f"The base solver's held-out accuracy (seeds {','.join(map(str, base))}): {spread(list(base.values()))}\n")
+  sft = {s: e["eval/accuracy"] for s in seeds if (e := last_eval(os.path.join(args.root, f"proposer_sft_s{s}")))}
+  if sft:
+    print(f"The SFT proposer's valid share, greedy on held-out bindings (seeds {','.join(map(str, sft))}): "
+          f"{spread(list(sft.values()))}\n")
   runs = summarize(args.root, ARMS, seeds, METRICS, summary_path(args.out, args.root, "curves.png"), "rquest",
                    base="", load=load)
   verdicts(runs, base)

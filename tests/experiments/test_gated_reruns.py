@@ -9,7 +9,7 @@ import os
 import pytest
 
 from configs.graft import MODELS, OVERLAPS, STEPS as GRAFT_STEPS
-from configs.rquest import ARMS as RQUEST_ARMS, GATE_STEPS, STEPS as RQUEST_STEPS
+from configs.rquest import ARMS as RQUEST_ARMS, GATE_STEPS, PROPOSER_SFT_STEPS, STEPS as RQUEST_STEPS
 from configs.tips import RL_STEPS, SUPERVISED_STEPS
 from experiments import gate as gate_module
 from experiments.driver import finished
@@ -151,7 +151,7 @@ def test_tips_gate_is_the_supervised_verifier_above_both_floors(tmp_path, capsys
 
 
 def _rquest_run(path, steps, acc_end, invalid, label_correct=0.5):
-  rows = [{"step": 1, "at_stage_start": True, "eval/accuracy": 0.4, "eval/propose/accuracy": 0.7}]
+  rows = [{"step": 1, "at_stage_start": True, "eval/accuracy": 0.4}]
   for s in range(1, steps + 1):
     rows.append({"step": s, "step_s": 5.0 if s > 1 else 60.0, "reward": 0.5, "rquest/invalid": invalid,
                  "rquest/duplicate": 0.9, "rquest/hidden_duplicate": 0.5, "rquest/unique": s,
@@ -166,7 +166,10 @@ def test_rquest_gate_then_the_four_arms_and_the_verdicts(tmp_path, capsys, monke
   final = {"rquest": 0.35, "rzero": 0.3, "rquest_checker": 0.5, "rzero_checker": 0.45}
 
   def make(name, path):
-    if name.startswith("gate"):
+    if name.startswith("proposer_sft"):
+      _workdir(path, "sft", PROPOSER_SFT_STEPS, [{"step": 1, "eval/accuracy": 0.0, "at_stage_start": True},
+                                                 {"step": PROPOSER_SFT_STEPS, "eval/accuracy": 0.66}])
+    elif name.startswith("gate"):
       _rquest_run(path, GATE_STEPS, 0.4, 0.3, label_correct)
     else:
       arm = name.rsplit("_s", 1)[0]
@@ -176,15 +179,20 @@ def test_rquest_gate_then_the_four_arms_and_the_verdicts(tmp_path, capsys, monke
   monkeypatch.setattr(rquest_run, "launch", launches)
   rc = rquest_run.main([f"--root={root}", f"--archive={archive}"])
   gate = json.loads((archive / "gate.json").read_text())
-  assert launches.names[0] == "gate_s0" and gate["passed"] == passed
-  assert gate["measures"]["step_s"] == 5.0 and gate["measures"]["valid"] == pytest.approx(0.7)
+  assert launches.names[:2] == ["proposer_sft_s0", "gate_s0"] and gate["passed"] == passed
+  m = gate["measures"]
+  assert m["step_s"] == 5.0 and m["valid"] == pytest.approx(0.7) and m["proposer_greedy"] == 0.66
+  assert m["sft_s"] == 60.0
   if not passed:
-    assert rc == gate_module.GATE_FAILED and launches.names == ["gate_s0"]
+    assert rc == gate_module.GATE_FAILED and launches.names == ["proposer_sft_s0", "gate_s0"]
     return
-  assert rc == 0 and len(launches.names) == 1 + len(RQUEST_ARMS) * 3
+  assert rc == 0 and len(launches.names) == 2 + (1 + len(RQUEST_ARMS)) * 3 - 1
+  assert launches.names[2:8] == ["rquest_s0", "rzero_s0", "rquest_checker_s0", "rzero_checker_s0",
+                                 "proposer_sft_s1", "rquest_s1"]
   rquest_summary.main([f"--root={archive}"])
   out = capsys.readouterr().out
   assert "The base solver's held-out accuracy (seeds 0,1,2): 0.400 (0.400-0.400)" in out
+  assert "The SFT proposer's valid share, greedy on held-out bindings (seeds 0,1,2): 0.660 (0.660-0.660)" in out
   assert "| R1a: checker labels beat majority labels (rquest proposer) | s0 +0.150, s1 +0.150, s2 +0.150 | " \
          "supported |" in out
   assert "| R2: rquest ends below the base in every seed | s0 -0.050, s1 -0.050, s2 -0.050 | supported |" in out
