@@ -26,6 +26,8 @@ METRICS = {"held-out accuracy": "eval/accuracy", "invalid": "rquest/invalid", "d
            "label correct": "rquest/label_correct", "solver rows": "rquest/solver_rows"}
 LAST = ("rquest/unique",)           # a running count: its value at the step, not a window mean
 GAIN_MIN = 0.02                     # an accuracy difference the verdicts count (README)
+EPS = 1e-9                          # bounds are inclusive: accuracies are k/500, so a difference of exactly 0.02
+                                    # must not fail on float rounding (0.608 - 0.628 = -0.02000000000000001)
 # (verdict, arm a, arm b): "a ends above b", paired by seed (README "Predictions").
 ABOVE = (("R1a: checker labels beat majority labels (rquest proposer)", "rquest_checker", "rquest"),
          ("R1b: checker labels beat majority labels (rzero proposer)", "rzero_checker", "rzero"),
@@ -57,7 +59,7 @@ def paired_verdict(d: dict, threshold: float = GAIN_MIN) -> str:
   if not d:
     return "not measured"
   mean = np.mean(list(d.values()))
-  if all(v > 0 for v in d.values()) and mean >= threshold:
+  if all(v > 0 for v in d.values()) and mean >= threshold - EPS:
     return "supported"
   return "not supported" if mean <= 0 else "inconclusive"
 
@@ -77,7 +79,7 @@ def verdicts(runs: dict, base: dict) -> None:
     if not d:
       continue
     mean = np.mean(list(d.values()))
-    holds = all(v < 0 for v in d.values()) if below else mean >= -GAIN_MIN
+    holds = all(v < 0 for v in d.values()) if below else mean >= -GAIN_MIN - EPS
     claim = "ends below the base in every seed" if below else f"ends no more than {GAIN_MIN} below the base (mean)"
     print(f"| R2: {arm} {claim} | {fmt(d)} | {'supported' if holds else 'not supported'} |")
   d = {s: invalid["rzero"][s] - invalid["rquest"][s] for s in sorted(set(invalid.get("rquest", {}))

@@ -206,3 +206,10 @@ def test_a_dry_run_prints_every_command_and_archives_nothing(tmp_path, capsys, d
   assert driver.main([f"--root={tmp_path / 'root'}", f"--archive={archive}", "--dry_run"]) == 0
   out = capsys.readouterr().out
   assert "dry run: the gate is checked here" in out and "launch.py" in out and not archive.exists()
+
+
+def test_rquest_verdict_bounds_are_inclusive_despite_float_rounding():
+  """Accuracies are k/500: a difference of exactly 0.02 (0.03 - 0.01 < 0.02 in floats) meets the 0.02 bound."""
+  assert 0.03 - 0.01 < rquest_summary.GAIN_MIN
+  assert rquest_summary.paired_verdict({0: 0.03 - 0.01, 1: 0.03 - 0.01}) == "supported"
+  assert rquest_summary.paired_verdict({0: 0.018, 1: 0.018}) == "inconclusive"
