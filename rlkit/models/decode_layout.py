@@ -36,8 +36,8 @@ def dot_nk(eq: str, w: Array, x: Array, dtype, out_dtype=None) -> Array:
 def decode_params(params: Any, cfg) -> Any:
   """`params` plus the features-major copies "<name>_nk" the model reads: qkv, o, gate_up and down of every
   dense layer and the LM head (for a tied one, the embedding), in the compute dtype, behind an optimization
-  barrier (XLA would otherwise fold each transpose into its matmul, the layout being avoided). MoE experts
-  are left as they are. `cfg`: the model's TransformerConfig."""
+  barrier (XLA would otherwise fold each transpose into its matmul, the layout being avoided). MoE experts,
+  and kernels that round their activations (W4A4), are left as they are. `cfg`: the model's TransformerConfig."""
   dt, d = jnp.dtype(cfg.dtype), cfg.hidden_size
   layouts = {"qkv": lambda w: w.reshape(d, -1).T, "o": lambda w: w.reshape(-1, d).T,
              "gate_up": lambda w: w.transpose(1, 2, 0), "down": lambda w: w.T}
@@ -48,8 +48,10 @@ def decode_params(params: Any, cfg) -> Any:
       continue
     for part in ("attn", "mlp"):
       if part in layer:
+        # A kernel whose activations the sampler rounds (FP4Weight.act, the *_w4a4 quantizers) keeps its own
+        # matmul: a dequantized copy would multiply unrounded activations.
         copies[f"{name}/{part}"] = {k + NK: f(layer[part][k]).astype(dt) for k, f in layouts.items()
-                                if k in layer[part]}
+                                if k in layer[part] and not getattr(layer[part][k], "act", "")}
   # The LM head: a copy of an untied one; a tied one's [V, D] embedding already is features-major.
   copies["lm_head"] = (params["lm_head"].T if "lm_head" in params else params["embedding"]).astype(dt)
   copies = jax.lax.optimization_barrier(copies)

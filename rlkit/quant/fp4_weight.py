@@ -13,7 +13,9 @@ anything else reads the dequantized array.
 
 Its `matmul` flattens x's contracted axes to [M, K] and multiplies through `kernels/fp4_matmul.py` on a GPU
 (Pallas, compiled) or `fp4_matmul_reference` elsewhere (`impl`: auto | pallas | reference), then restores
-the output's axes. `ragged_matmul` (the MoE experts' hook, `rlkit.models.matmul.expert_matmul`): at decode
+the output's axes. With `act` (the `*_w4a4` quantizers) the [M, K] activations are first rounded to FP4 in
+that format, per token in blocks along K, round to nearest with each token's own scales (rlkit/quant/trace.py
+`fake_quant`, the MoE experts' activation quantization): W4A4, as an FP4 engine that quantizes both operands. `ragged_matmul` (the MoE experts' hook, `rlkit.models.matmul.expert_matmul`): at decode
 sizes (at most `EXPERT_KERNEL_ROWS` token-expert rows) with the Pallas kernel, every row is multiplied by every
 expert's FP4 weights and each row keeps its own expert's product, so each expert's weights are read once, which
 is what bounds a decode step; E times the FLOPs, which decode has to spare. Otherwise (prefill, or the
@@ -30,7 +32,8 @@ from jax.sharding import PartitionSpec as P
 
 from kernels.fp4_matmul import fp4_matmul, fp4_matmul_reference
 from rlkit.models.matmul import QuantizedWeight
-from rlkit.quant.fp4 import BlockFP4, dequantize_blocks, quantize_blocks
+from rlkit.quant.fp4 import BLOCK, BlockFP4, dequantize_blocks, quantize_blocks
+from rlkit.quant.trace import fake_quant
 
 Array = jax.Array
 EXPERT_KERNEL_ROWS = 256      # token-expert rows up to which the experts run through the Pallas kernel
@@ -46,6 +49,7 @@ class FP4Weight(QuantizedWeight):
   layout: str = flax.struct.field(pytree_node=False, default="dense")
   compute: str = flax.struct.field(pytree_node=False, default="float32")
   impl: str = flax.struct.field(pytree_node=False, default="auto")
+  act: str = flax.struct.field(pytree_node=False, default="")     # "" (weight-only) or the activations' format
 
   @property
   def shape(self) -> tuple:
@@ -107,14 +111,26 @@ class FP4Weight(QuantizedWeight):
     (xs, ws), ys = eq.split("->")[0].split(","), eq.split("->")[1]
     contracted = "".join(c for c in ws if c not in ys)
     if self.layout != "dense" or ws[:self.in_axes] != contracted:
+      if self.act:      # no [M, K] view of the activations to round: refuse rather than skip them silently
+        raise NotImplementedError(f"FP4 activations ({self.act}) need the kernel's inputs as its leading axes; "
+                                  f"einsum {eq!r} contracts {contracted!r}. Use the weight-only quantizer.")
       return super().matmul(eq, x)
     tok, outs = "".join(c for c in xs if c in ys), ws[self.in_axes:]
     x2 = jnp.einsum(f"{xs}->{tok}{contracted}", x)
     lead = x2.shape[:len(tok)]
     x2 = x2.reshape((-1, self._k()))
+    if self.act:
+      x2 = _rounded_activations(x2, self.act)
     flat = BlockFP4(*(a.reshape(a.shape[0], -1) for a in self.fp4[:2]), self.fp4.tensor_scale)   # [., N]
     y = _fp4_matmul(x2, flat, self.impl).reshape(lead + self.shape[self.in_axes:])
     return jnp.einsum(f"{tok}{outs}->{ys}", y)
+
+
+def _rounded_activations(x2: Array, fmt: str) -> Array:
+  """x2 [M, K] with each row rounded to FP4 `fmt` in blocks along K; K padded with zeros to whole blocks (as
+  `quantize_blocks` pads the kernel), which leaves every block's amax, hence its scale, as it is."""
+  pad = -x2.shape[-1] % BLOCK[fmt]
+  return fake_quant(jnp.pad(x2, ((0, 0), (0, pad))), fmt)[0][:, :x2.shape[-1]]
 
 
 def _resolved(impl: str) -> str:
@@ -132,11 +148,12 @@ def _fp4_matmul(x2: Array, w: BlockFP4, impl: str) -> Array:
   return fp4_matmul_reference(x2, w)
 
 
-def quantize_fp4_kernel(w: Array, in_axes: int, dtype: str, fmt: str) -> FP4Weight:
-  """A dense matmul kernel W (leading `in_axes` axes contracted) as FP4Weight in `fmt`, presenting `dtype`."""
+def quantize_fp4_kernel(w: Array, in_axes: int, dtype: str, fmt: str, act: bool = False) -> FP4Weight:
+  """A dense matmul kernel W (leading `in_axes` axes contracted) as FP4Weight in `fmt`, presenting `dtype`;
+  `act`: its activations rounded to `fmt` too (W4A4)."""
   k = math.prod(w.shape[:in_axes])
   fp4 = quantize_blocks(w.astype(jnp.float32).reshape((k,) + w.shape[in_axes:]), fmt)
-  return FP4Weight(fp4, tuple(w.shape), in_axes, "dense", jnp.dtype(dtype or w.dtype).name)
+  return FP4Weight(fp4, tuple(w.shape), in_axes, "dense", jnp.dtype(dtype or w.dtype).name, act=fmt if act else "")
 
 
 def quantize_fp4_experts(w: Array, dtype: str, fmt: str) -> FP4Weight:

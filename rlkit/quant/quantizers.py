@@ -19,6 +19,9 @@ Entries (ours):
         experts and the dense matmul kernels (rlkit/quant/fp4_weight.py: Pallas kernel on GPU).
   mxfp4_experts, nvfp4_experts   FP4 for the MoE experts only (TRACE's quantization points); the dense
         kernels, the routers and everything else cast to sync.dtype.
+  mxfp4_w4a4, nvfp4_w4a4   as mxfp4 / nvfp4, and every dense kernel's activations rounded to the same format
+        in the sampler (per token, blocks along the contraction; `FP4Weight.act`): W4A4 dense matmuls. The
+        experts stay weight-only here (their activations: model.expert_quant).
 
 Matmul kernels (`kernel_inputs`): the projections of `rlkit.models.lora.VIEWS` (attn qkv, o; mlp gate_up,
 down; their leading axes are the inputs) and an untied `lm_head` [D, V]. Not quantized: norms, biases, the
@@ -74,6 +77,7 @@ for _fmt in ("mxfp4", "nvfp4"):
   _experts = functools.partial(quantize_fp4_experts, fmt=_fmt)
   QUANTIZERS.add(_fmt, Quantizer(functools.partial(quantize_fp4_kernel, fmt=_fmt), _experts))
   QUANTIZERS.add(f"{_fmt}_experts", Quantizer(None, _experts))
+  QUANTIZERS.add(f"{_fmt}_w4a4", Quantizer(functools.partial(quantize_fp4_kernel, fmt=_fmt, act=True), _experts))
 EXPERT_KERNELS = (("moe", "gate_up"), ("moe", "down"))
 
 

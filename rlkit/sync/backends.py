@@ -67,7 +67,8 @@ def sync_defaults() -> ml_collections.ConfigDict:
   c.quantizer = "none"       # QUANTIZERS name, the format of the copy's matmul kernels: none (cast to dtype) |
   #                            bf16 | int8 | fp8 (weight-only, per-channel scales) | mxfp4 | nvfp4 (block-scaled
   #                            FP4, MoE experts and dense kernels) | mxfp4_experts | nvfp4_experts (experts
-  #                            only); rlkit/quant/quantizers.py
+  #                            only) | mxfp4_w4a4 | nvfp4_w4a4 (dense activations in FP4 too);
+  #                            rlkit/quant/quantizers.py
   c.quant_layers = ()        # the decoder layers (indices) whose kernels the quantizer converts; (): all. With
   #                            FP4 experts in training it must equal model.expert_quant_layers
   c.capacity_frac = 0.05     # sparse_delta: a train shard's message holds ceil(frac x shard size) changes;

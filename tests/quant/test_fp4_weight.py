@@ -44,6 +44,31 @@ def test_the_fp4_matmul_hook_equals_the_dequantized_einsum(form, fmt):
     np.testing.assert_allclose(weight_matmul(eq, x, interpreted), dense, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("form,fmt", [("qkv", "nvfp4"), ("o", "mxfp4")])
+def test_w4a4_rounds_the_activations_per_token_along_the_contraction(form, fmt):
+  """act: x flattened to [tokens, K], each token's K features rounded to FP4 (its own block scales; K = 24 of
+  `o` padded with zeros to a 32-block), then the FP4 matmul: equal to the einsum of those rounded activations
+  and the dequantized kernel; different from weight-only (the activations moved)."""
+  from rlkit.quant.trace import fake_quant
+  eq, xs, ws, k, view = FORMS[form]
+  q = quantize_fp4_kernel(jax.random.normal(jax.random.key(0), ws), k, "float32", fmt, act=True)
+  w = view(q)
+  assert isinstance(w, FP4Weight) and w.act == fmt
+  x = jax.random.normal(jax.random.key(1), xs)
+  pad = -x.shape[-1] % fp4.BLOCK[fmt]
+  x_q = fake_quant(jnp.pad(x, ((0, 0), (0, 0), (0, pad))).reshape(-1, x.shape[-1] + pad), fmt)[0]
+  x_q = x_q[:, :x.shape[-1]].reshape(x.shape)
+  assert np.unique(np.asarray(x_q)).size < np.unique(np.asarray(x)).size      # rounded to a coarse grid
+  expected = jnp.einsum(eq, x_q, w.dequantize(), preferred_element_type=jnp.float32)
+  got = jax.jit(lambda x, w: weight_matmul(eq, x, w))(x, w)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  weight_only = weight_matmul(eq, x, w.replace(act=""))
+  assert float(jnp.max(jnp.abs(got - weight_only))) > 1e-2
+  with pytest.raises(NotImplementedError, match="FP4 activations"):    # no [M, K] view: refused, not skipped
+    weight_matmul("btf,df->btd", jnp.ones((2, 5, 24)), quantize_fp4_kernel(jnp.ones((8, 24)), 1, "float32", fmt,
+                                                                          act=True))
+
+
 def test_the_experts_hook_and_the_dequantized_layout():
   w = jax.random.normal(jax.random.key(0), (4, 32, 6))
   q = quantize_fp4_experts(w, "float32", "nvfp4")
@@ -71,7 +96,7 @@ def _leaves(tree):
   return {path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_q)[0]}
 
 
-@pytest.mark.parametrize("quantizer,dense_too", [("nvfp4", True), ("mxfp4_experts", False)])
+@pytest.mark.parametrize("quantizer,dense_too", [("nvfp4", True), ("mxfp4_experts", False), ("mxfp4_w4a4", True)])
 def test_the_export_quantizes_what_the_quantizer_names(quantizer, dense_too):
   out = _leaves(export_params(_params(), "bfloat16", quantizer))
   assert isinstance(out["layers_1/moe/gate_up"], FP4Weight) and isinstance(out["layers_1/moe/down"], FP4Weight)
@@ -92,6 +117,19 @@ def test_the_sampler_runs_on_the_fp4_copy():
   logp = jax.nn.log_softmax(jax.jit(Transformer(MOE).apply)({"params": _params()}, seq)[:, 4:-1])
   gap = np.abs(np.asarray(jnp.take_along_axis(logp, ro.response[..., None], -1)[..., 0] - ro.logprobs))
   assert np.all(np.isfinite(gap)) and 0 < gap.mean() < 5.0
+
+
+def test_the_sampler_rounds_the_activations_of_a_w4a4_copy():
+  """On CPU the sampler multiplies by features-major copies of the dense weights (rlkit/models/decode_layout.py);
+  a W4A4 kernel must keep its own matmul there, or its activations go unrounded: the same draws on the W4A4 copy
+  give other log-probs than on the weight-only copy."""
+  bf16 = MOE.replace(param_dtype="bfloat16", dtype="bfloat16")
+  prompt = jax.random.randint(jax.random.key(1), (4, 5), 0, MOE.vocab_size)
+  logprobs = {q: generate(Transformer(bf16), export_params(_params(), "bfloat16", q), prompt,
+                          jnp.ones_like(prompt, bool), jax.random.key(7), SamplingConfig(max_new_tokens=6)).logprobs
+              for q in ("nvfp4", "nvfp4_w4a4")}
+  gap = np.abs(np.asarray(logprobs["nvfp4"]) - np.asarray(logprobs["nvfp4_w4a4"]))
+  assert np.all(np.isfinite(gap)) and gap.max() > 1e-3
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices: tests/conftest.py")
