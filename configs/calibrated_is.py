@@ -11,6 +11,8 @@ Presets (the sampler copy; each computes in bfloat16, as an engine serving bf16 
   nvfp4  the matmul kernels in NVFP4 (E2M1 codes, an E4M3 scale per 16 inputs, a float32 tensor scale;
          rl.sync.quantizer=nvfp4, rlkit/quant/fp4.py), the rest in bfloat16 (amendment 1 of the README)
   mxfp4  the same in MXFP4 (an E8M0 power-of-two scale per 32 inputs; amendment 1)
+  nvfp4_w4a4, mxfp4_w4a4   nvfp4 / mxfp4 with every dense kernel's activations rounded to the same FP4 format
+         as well (rl.sync.quantizer=*_w4a4: W4A4, as an FP4 engine computes; amendment 2)
 Each is the calibration gate's run of that copy (README: 3 iterations, the trainer's `mismatch/*` and the
 published rule's `rollout_corr/*`); experiments/calibrated_is/run.py measures the arms' gradients with the same
 model, task, sampling and copy in-process. `model.path` is relative to the repository root (launch.py's cwd).
@@ -25,9 +27,12 @@ PRESETS = {
     "fp8": "the calibration gate's run of the fp8-rounded sampler copy (3 GRPO iterations from the base)",
     "nvfp4": "the calibration gate's run of the NVFP4 sampler copy (3 GRPO iterations from the base)",
     "mxfp4": "the calibration gate's run of the MXFP4 sampler copy (3 GRPO iterations from the base)",
+    "nvfp4_w4a4": "the calibration gate's run of the NVFP4 W4A4 sampler copy (3 GRPO iterations from the base)",
+    "mxfp4_w4a4": "the calibration gate's run of the MXFP4 W4A4 sampler copy (3 GRPO iterations from the base)",
 }
 COPIES = tuple(PRESETS)
-QUANTIZER = {"bf16": "none", "fp8": "fp8", "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
+QUANTIZER = {"bf16": "none", "fp8": "fp8", "nvfp4": "nvfp4", "mxfp4": "mxfp4", "nvfp4_w4a4": "nvfp4_w4a4",
+             "mxfp4_w4a4": "mxfp4_w4a4"}
 # The arms (rl.correction fields), pre-registered in experiments/calibrated_is/README.md: library defaults or the
 # peers' presets, never tuned here.
 ARMS = {

@@ -15,11 +15,12 @@ Its `matmul` flattens x's contracted axes to [M, K] and multiplies through `kern
 (Pallas, compiled) or `fp4_matmul_reference` elsewhere (`impl`: auto | pallas | reference), then restores
 the output's axes. With `act` (the `*_w4a4` quantizers) the [M, K] activations are first rounded to FP4 in
 that format, per token in blocks along K, round to nearest with each token's own scales (rlkit/quant/trace.py
-`fake_quant`, the MoE experts' activation quantization): W4A4, as an FP4 engine that quantizes both operands. `ragged_matmul` (the MoE experts' hook, `rlkit.models.matmul.expert_matmul`): at decode
-sizes (at most `EXPERT_KERNEL_ROWS` token-expert rows) with the Pallas kernel, every row is multiplied by every
-expert's FP4 weights and each row keeps its own expert's product, so each expert's weights are read once, which
-is what bounds a decode step; E times the FLOPs, which decode has to spare. Otherwise (prefill, or the
-reference `impl`) the experts are dequantized and multiplied by `lax.ragged_dot`.
+`fake_quant`, the MoE experts' activation quantization): W4A4, as an FP4 engine that quantizes both operands.
+`ragged_matmul` (the MoE experts' hook, `rlkit.models.matmul.expert_matmul`): at decode sizes (at most
+`EXPERT_KERNEL_ROWS` token-expert rows) with the Pallas kernel, every row is multiplied by every expert's FP4
+weights and each row keeps its own expert's product, so each expert's weights are read once, which is what bounds
+a decode step; E times the FLOPs, which decode has to spare. Otherwise (prefill, or the reference `impl`) the
+experts are dequantized and multiplied by `lax.ragged_dot`.
 """
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ def test_presets_validate_and_differ_in_the_copy_only(stand_in):
     validate(c)
     configs[preset] = c.to_dict()
   assert {p: c["rl"]["sync"]["quantizer"] for p, c in configs.items()} == cfgs.QUANTIZER == {
-      "bf16": "none", "fp8": "fp8", "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
+      "bf16": "none", "fp8": "fp8", "nvfp4": "nvfp4", "mxfp4": "mxfp4", "nvfp4_w4a4": "nvfp4_w4a4",
+      "mxfp4_w4a4": "mxfp4_w4a4"}
   for c in configs.values():
     c["rl"]["sync"]["quantizer"] = "none"
   assert all(c == configs["bf16"] for c in configs.values())   # run.Env reads sampling and task from one preset
@@ -68,8 +69,11 @@ def _gate_run(path, mismatch, reward=0.5):
     f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-@pytest.mark.parametrize("mismatch, arms", [({"bf16": 0.001, "fp8": 0.002, "nvfp4": 0.02, "mxfp4": 0.029}, []),
-                                            ({"bf16": 0.001, "fp8": 0.05, "nvfp4": 0.02, "mxfp4": 0.04},
+W4A4 = {"nvfp4_w4a4": 0.02, "mxfp4_w4a4": 0.029}
+
+
+@pytest.mark.parametrize("mismatch, arms", [({"bf16": 0.001, "fp8": 0.002, "nvfp4": 0.02, "mxfp4": 0.029, **W4A4}, []),
+                                            ({"bf16": 0.001, "fp8": 0.05, "nvfp4": 0.02, "mxfp4": 0.04, **W4A4},
                                              ["fp8", "mxfp4"])])
 def test_the_driver_runs_the_gate_first_and_the_arms_only_on_copies_that_pass(stand_in, tmp_path, monkeypatch,
                                                                               capsys, mismatch, arms):
@@ -86,7 +90,7 @@ def test_the_driver_runs_the_gate_first_and_the_arms_only_on_copies_that_pass(st
   root, dest = tmp_path / "root", tmp_path / "archive"
   status = run.main([f"--root={root}", f"--archive={dest}", f"--model={stand_in}"])
   out = capsys.readouterr().out
-  assert launched == [f"configs/calibrated_is.py:{copy}" for copy in ("bf16", "fp8", "nvfp4", "mxfp4")]
+  assert launched == [f"configs/calibrated_is.py:{copy}" for copy in ("bf16", "fp8", "nvfp4", "mxfp4", *W4A4)]
   outcome = read_gate(str(root))
   assert outcome["arms_copies"] == arms and outcome["capability"]["pass"] and outcome["passed"] == bool(arms)
   assert outcome["base"]["path"] == stand_in and len(outcome["base"]["model_safetensors_sha256"]) == 64
