@@ -8,7 +8,7 @@ held out: 0.21-0.30)? One SFT run per preset from the base, then the gate's own 
 """
 from configs import mimo_graders
 
-PRESETS = {"sft800": 800,      # SFT steps: four times the experiment's SFT_STEPS
+PRESETS = {"sft800": 800,      # SFT steps: four times the second attempt's 200
            "sft400": 400}      # round 2, after sft800's policy passed every sample (G1's upper bound)
 
 
