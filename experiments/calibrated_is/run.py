@@ -202,16 +202,28 @@ def target_gradient(env: Env, seed: int, root: str, log: Log) -> np.ndarray:
   return target.astype(np.float32)
 
 
-def part_grad(root: str, model: str, seed: int, sizes: dict, copies) -> None:
+def arm_specs() -> dict:
+  """{arm: (its correction, its rl.correction fields)} (configs/calibrated_is.py ARMS over rlkit's defaults)."""
   from rlkit.objectives.correction import CORRECTIONS, correction_defaults
-
-  env, log = Env(model, sizes), Log(root)
-  target = target_gradient(env, seed, root, log)
   specs = {}
   for arm, fields in ARMS.items():
     cfg = correction_defaults()
     cfg.update(fields)
     specs[arm] = (CORRECTIONS.get(cfg.name), cfg)
+  return specs
+
+
+def arm_inputs(env: Env, batch, outs: dict) -> tuple:
+  """(token weights [arms, ...], kept tokens [arms, ...]) of every arm's correction output `outs`, stacked in
+  ARMS order for `env.grads`."""
+  return (env.jnp.stack([batch.token_weights * outs[a].weights for a in ARMS]),
+          env.jnp.stack([batch.loss_mask & outs[a].keep for a in ARMS]))
+
+
+def part_grad(root: str, model: str, seed: int, sizes: dict, copies) -> None:
+  env, log = Env(model, sizes), Log(root)
+  target = target_gradient(env, seed, root, log)
+  specs = arm_specs()
   for copy in copies:
     t0 = time.time()
     sampler = env.sampler(copy)
@@ -228,8 +240,7 @@ def part_grad(root: str, model: str, seed: int, sizes: dict, copies) -> None:
       for a, (spec, cfg) in specs.items():
         outs[a] = spec.apply(batch, cfg, states[a])
         states[a] = outs[a].state
-      weights = env.jnp.stack([batch.token_weights * outs[a].weights for a in ARMS])
-      keep = env.jnp.stack([batch.loss_mask & outs[a].keep for a in ARMS])
+      weights, keep = arm_inputs(env, batch, outs)
       grads = np.asarray(env.grads(env.params, batch, weights, keep))
       log(type="batch", key=f"batch/{seed}/{copy}/{b}", seed=seed, copy=copy, batch=b,
           **batch_stats(batch, rewards, env.cfg.group_size))

@@ -21,20 +21,13 @@ SAMPLERS = ("master", "bf16", "nvfp4_w4a4", "mxfp4_w4a4")
 
 
 def main() -> None:
-  from rlkit.objectives.correction import CORRECTIONS, correction_defaults
-  env = run.Env(BASE, run.SIZES["quick"])
-  specs = {}
-  for arm, fields in ARMS.items():
-    cfg = correction_defaults()
-    cfg.update(fields)
-    specs[arm] = (CORRECTIONS.get(cfg.name), cfg)
+  env, specs = run.Env(BASE, run.SIZES["quick"]), run.arm_specs()
   print("| sampler | mean abs log rho | arm | weights, min-max | gradient change vs none |\n|---|---|---|---|---|")
   for name in SAMPLERS:
     sampler = (env.model, env.params) if name == "master" else env.sampler(name)
     batch, _ = env.batch(sampler, 0, 2, 0)
     outs = {a: spec.apply(batch, cfg, spec.init(cfg)) for a, (spec, cfg) in specs.items()}
-    weights = env.jnp.stack([batch.token_weights * outs[a].weights for a in ARMS])
-    keep = env.jnp.stack([batch.loss_mask & outs[a].keep for a in ARMS])
+    weights, keep = run.arm_inputs(env, batch, outs)
     g = np.asarray(env.grads(env.params, batch, weights, keep), np.float64)
     mask = np.asarray(batch.loss_mask)
     lr = np.abs(np.asarray(batch.old_logp, np.float64) - np.asarray(batch.rollout_logp, np.float64))[mask].mean()

@@ -110,28 +110,26 @@ class FP4Weight(QuantizedWeight):
 
   def matmul(self, eq: str, x: Array) -> Array:
     (xs, ws), ys = eq.split("->")[0].split(","), eq.split("->")[1]
-    contracted = "".join(c for c in ws if c not in ys)
-    if self.layout != "dense" or ws[:self.in_axes] != contracted:
-      if self.act:      # no [M, K] view of the activations to round: refuse rather than skip them silently
-        raise NotImplementedError(f"FP4 activations ({self.act}) need the kernel's inputs as its leading axes; "
-                                  f"einsum {eq!r} contracts {contracted!r}. Use the weight-only quantizer.")
-      return super().matmul(eq, x)
-    tok, outs = "".join(c for c in xs if c in ys), ws[self.in_axes:]
-    x2 = jnp.einsum(f"{xs}->{tok}{contracted}", x)
-    lead = x2.shape[:len(tok)]
-    x2 = x2.reshape((-1, self._k()))
+    contracted, tok = "".join(c for c in ws if c not in ys), "".join(c for c in xs if c in ys)
+    x2 = jnp.einsum(f"{xs}->{tok}{contracted}", x)     # tokens first, the contracted axes in the kernel's order
     if self.act:
-      x2 = _rounded_activations(x2, self.act)
+      x2 = _rounded_activations(x2, len(tok), self.act)
+    if self.layout != "dense" or ws[:self.in_axes] != contracted:
+      return super().matmul(f"{tok}{contracted},{ws}->{ys}", x2)
+    lead = x2.shape[:len(tok)]
     flat = BlockFP4(*(a.reshape(a.shape[0], -1) for a in self.fp4[:2]), self.fp4.tensor_scale)   # [., N]
-    y = _fp4_matmul(x2, flat, self.impl).reshape(lead + self.shape[self.in_axes:])
-    return jnp.einsum(f"{tok}{outs}->{ys}", y)
+    y = _fp4_matmul(x2.reshape((-1, self._k())), flat, self.impl).reshape(lead + self.shape[self.in_axes:])
+    return jnp.einsum(f"{tok}{ws[self.in_axes:]}->{ys}", y)
 
 
-def _rounded_activations(x2: Array, fmt: str) -> Array:
-  """x2 [M, K] with each row rounded to FP4 `fmt` in blocks along K; K padded with zeros to whole blocks (as
-  `quantize_blocks` pads the kernel), which leaves every block's amax, hence its scale, as it is."""
-  pad = -x2.shape[-1] % BLOCK[fmt]
-  return fake_quant(jnp.pad(x2, ((0, 0), (0, pad))), fmt)[0][:, :x2.shape[-1]]
+def _rounded_activations(x2: Array, tokens: int, fmt: str) -> Array:
+  """x2 [*tokens, *contracted] with each token's contracted features (flattened, K of them) rounded to FP4 `fmt`
+  in blocks along K; K padded with zeros to whole blocks (as `quantize_blocks` pads the kernel), which leaves
+  every block's amax, hence its scale, as it is."""
+  flat = x2.reshape((math.prod(x2.shape[:tokens]), -1))
+  k = flat.shape[1]
+  rounded = fake_quant(jnp.pad(flat, ((0, 0), (0, -k % BLOCK[fmt]))), fmt)[0][:, :k]
+  return rounded.reshape(x2.shape)
 
 
 def _resolved(impl: str) -> str:

@@ -49,24 +49,33 @@ def test_w4a4_rounds_the_activations_per_token_along_the_contraction(form, fmt):
   """act: x flattened to [tokens, K], each token's K features rounded to FP4 (its own block scales; K = 24 of
   `o` padded with zeros to a 32-block), then the FP4 matmul: equal to the einsum of those rounded activations
   and the dequantized kernel; different from weight-only (the activations moved)."""
-  from rlkit.quant.trace import fake_quant
   eq, xs, ws, k, view = FORMS[form]
   q = quantize_fp4_kernel(jax.random.normal(jax.random.key(0), ws), k, "float32", fmt, act=True)
   w = view(q)
   assert isinstance(w, FP4Weight) and w.act == fmt
   x = jax.random.normal(jax.random.key(1), xs)
-  pad = -x.shape[-1] % fp4.BLOCK[fmt]
-  x_q = fake_quant(jnp.pad(x, ((0, 0), (0, 0), (0, pad))).reshape(-1, x.shape[-1] + pad), fmt)[0]
-  x_q = x_q[:, :x.shape[-1]].reshape(x.shape)
+  x_q = _rounded(x, fmt)
   assert np.unique(np.asarray(x_q)).size < np.unique(np.asarray(x)).size      # rounded to a coarse grid
   expected = jnp.einsum(eq, x_q, w.dequantize(), preferred_element_type=jnp.float32)
   got = jax.jit(lambda x, w: weight_matmul(eq, x, w))(x, w)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
   weight_only = weight_matmul(eq, x, w.replace(act=""))
   assert float(jnp.max(jnp.abs(got - weight_only))) > 1e-2
-  with pytest.raises(NotImplementedError, match="FP4 activations"):    # no [M, K] view: refused, not skipped
-    weight_matmul("btf,df->btd", jnp.ones((2, 5, 24)), quantize_fp4_kernel(jnp.ones((8, 24)), 1, "float32", fmt,
-                                                                          act=True))
+  # A kernel contracted on its trailing axis (the dequantized fallback, no [M, K] fast path): rounded the same.
+  other = quantize_fp4_kernel(jax.random.normal(jax.random.key(2), (8, 24)), 1, "float32", fmt, act=True)
+  x24 = x[..., :24]
+  got = weight_matmul("btf,df->btd", x24, other)
+  np.testing.assert_allclose(got, jnp.einsum("btf,df->btd", _rounded(x24, fmt), other.dequantize()),
+                             rtol=1e-5, atol=1e-5)
+  assert float(jnp.max(jnp.abs(got - weight_matmul("btf,df->btd", x24, other.replace(act=""))))) > 1e-2
+
+
+def _rounded(x, fmt):
+  """x with each token's last-axis features rounded to FP4 `fmt` in blocks (zero-padded to whole blocks)."""
+  from rlkit.quant.trace import fake_quant
+  pad = -x.shape[-1] % fp4.BLOCK[fmt]
+  flat = jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, pad),)).reshape(-1, x.shape[-1] + pad)
+  return fake_quant(flat, fmt)[0][:, :x.shape[-1]].reshape(x.shape)
 
 
 def test_the_experts_hook_and_the_dequantized_layout():
