@@ -1,19 +1,46 @@
-"""The format-SFT probe for srd's next pre-registration (not a pre-registered run): the base never writes an
-`<act>` turn on the key-door task (the gate's episodes were all one action-less turn), so does a short SFT on
-2-room layouts' demonstrations (act, observation, act, ...) make it act on the experiment's 3-room layouts?
+"""Format-SFT probes for srd's next pre-registration (not pre-registered runs).
+
+Round 1-2 (`sft2`, `sft2_long`): the base never writes an `<act>` turn on the key-door task (the gate's episodes
+were all one action-less turn), so does a short SFT on 2-room layouts' demonstrations (act, observation, act, ...)
+make it act on the experiment's 3-room layouts? It does (2.8 turns an episode), but the SFT model no longer reads
+the hindsight block (G2 negative; probe_runs/README.md).
+
+Round 4 (`sft_read`): the SFT also teaches reading the block. Its rows (a JSONL file, `write_rows`): the plain
+2-room demonstrations as before (the student's format: prompt, then the episode), and hindsight-conditioned
+4-room demonstrations (the teacher's format: prompt, the block `<hindsight>The way was: W</hindsight>\n`, then
+the episode). 4-room layouts because there the prompt shows room 0 only, so the way is in the block and nowhere
+else before the episode; and because the arms never see them (they play 3-room layouts, which no SFT row holds).
 
   python launch.py --config=experiments/srd/probe.py:sft2 --workdir=/tmp/srd_probe/sft2
+  python experiments/srd/probe.py --rows=/tmp/srd_probe/read.jsonl          # writes sft_read's rows
+  python launch.py --config=experiments/srd/probe.py:sft_read --workdir=/tmp/srd_probe/sft_read \
+      --config.data.train_jsonl=/tmp/srd_probe/read.jsonl
   python launch.py --config=configs/srd.py:gate --workdir=/tmp/srd_probe/gate_s0 --config.seed=0 \
       --config.model.path=/tmp/srd_probe/sft2          # the gate's frozen 3-room episodes from the SFT model
 
 2 rooms have 4 layouts (one door, its key in room 0): 3 train, 1 held out; PRESETS' steps of SFT_BATCH rows.
 """
-from configs import srd
-from rlkit.train.config import sft_defaults
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+if __name__ == "__main__":
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from configs import srd  # noqa: E402
+from rlkit.train.config import sft_defaults  # noqa: E402
 
 SFT_BATCH = 16
-# preset -> (SFT steps, peak learning rate); round 2 (`sft2_long`) after round 1's loss stayed at 2.8 nats a token
-PRESETS = {"sft2": (60, 3e-4), "sft2_long": (240, 1e-3)}
+# preset -> (SFT steps, peak learning rate, max_len); round 2 (`sft2_long`) after round 1's loss stayed at 2.8
+# nats a token; round 4 (`sft_read`) with the hindsight rows (the longest row: 4-room prompt, block and
+# demonstration, 823 tokens with BOS and EOS)
+PRESETS = {"sft2": (60, 3e-4, 320), "sft2_long": (240, 1e-3, 320), "sft_read": (240, 1e-3, 832)}
+READ_ROOMS, READ_ACTIONS = 4, 9    # the hindsight rows' layouts: 4 rooms, the shortest way's 9 actions
+READ_LAYOUTS = 120                 # of the 144 4-room layouts (the other 24 held out)
+PLAIN_COPIES = 40                  # each plain 2-room row repeated: 120 plain rows beside 120 hindsight rows
 
 
 def get_config(arg=None):
@@ -24,7 +51,47 @@ def get_config(arg=None):
   c.task.kwargs.n_rooms = 2
   c.data.num_train, c.data.num_test = 3, 1
   c.sft = s = sft_defaults()
-  s.steps, s.batch_size, s.max_len = PRESETS[arg][0], SFT_BATCH, 320
-  s.optimizer.lr, s.optimizer.warmup_steps, s.optimizer.schedule = PRESETS[arg][1], 5, "cosine"
+  s.steps, s.optimizer.lr, s.max_len = PRESETS[arg]
+  s.batch_size, s.optimizer.warmup_steps, s.optimizer.schedule = SFT_BATCH, 5, "cosine"
   c.checkpoint.every = 0
+  if arg == "sft_read":              # rows from `write_rows`, given as --config.data.train_jsonl
+    c.task.name, c.task.kwargs = "jsonl", {}
+    c.data.max_prompt_len = 0        # derived from the rows (the longest hindsight prompt: 318 tokens)
   return c
+
+
+def hindsight_block(way: str) -> str:
+  """The block the SRD teacher reads (rl.srd.template of `way`'s episode_text), as rlkit/train/srd.py writes it."""
+  from rlkit.train.srd import episode_text
+  row = {"answer": way, "fields": {"episode": {"solution": way}}}
+  return srd.get_config("srd").rl.srd.template.format(hindsight=episode_text(row, srd.SRD["field"]))
+
+
+def read_rows(seed: int = 0) -> list:
+  """`sft_read`'s rows: PLAIN_COPIES copies of each of the 3 training 2-room layouts' plain demonstrations (the
+  2-room split of `sft2`), then READ_LAYOUTS 4-room layouts (a seeded shuffle) with the block in the prompt."""
+  from experiments.srd.run import world_rows
+  from rlkit.agents.keydoor import KeyDoor
+  from rlkit.data.splits import generate_splits
+  two = KeyDoor(n_rooms=2)
+  plain = [{"prompt": r["prompt"], "answer": r["answer"], "solution": r["demonstration"], "kind": "plain"}
+           for r in generate_splits(two, 3, 1, seed)["train"]] * PLAIN_COPIES
+  four, task = world_rows(READ_ROOMS, READ_ACTIONS), KeyDoor(n_rooms=READ_ROOMS, max_actions=READ_ACTIONS)
+  chosen = np.random.default_rng(seed).permutation(len(four))[:READ_LAYOUTS]
+  read = [{"prompt": four[i]["prompt"] + hindsight_block(four[i]["answer"]), "answer": four[i]["answer"],
+           "solution": task.demonstration(four[i]), "kind": "hindsight"} for i in chosen]
+  return plain + read
+
+
+def write_rows(path: str, seed: int = 0) -> int:
+  rows = read_rows(seed)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  return len(rows)
+
+
+if __name__ == "__main__":
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--rows", required=True, help="the JSONL file to write sft_read's rows to")
+  print(f"wrote {write_rows(parser.parse_args().rows)} rows")
