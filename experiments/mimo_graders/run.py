@@ -25,7 +25,7 @@ from experiments.gate import (budget_projection, check, gate_then_arms, parse_dr
 CONFIG = "configs/mimo_graders.py"
 TAG = "mimo_graders"
 ARCHIVE = os.path.join("experiments", "mimo_graders", "runs")
-ARCHIVE_KEYS = ["stage", "step", "step_s", "reward", "accuracy", "response_len", "response_len_correct",
+ARCHIVE_KEYS = ["stage", "step", "step_s", "at_stage_start", "reward", "accuracy", "response_len", "response_len_correct",
                 "reward/", "informative_groups", "eval/"]
 BUDGET_MINUTES = 78          # the gate and the arms; the SFT run before them takes ~12 of the ~90 CPU-minutes
 GATE_SEEDS = (0, 1, 2)
