@@ -15,6 +15,7 @@ else before the episode; and because the arms never see them (they play 3-room l
   python experiments/srd/probe.py --rows=/tmp/srd_probe/read.jsonl          # writes sft_read's rows
   python launch.py --config=experiments/srd/probe.py:sft_read --workdir=/tmp/srd_probe/sft_read \
       --config.data.train_jsonl=/tmp/srd_probe/read.jsonl
+  python launch.py --config=experiments/srd/probe.py:sft_turns ...          # round 5: the same, turn by turn
   python launch.py --config=configs/srd.py:gate --workdir=/tmp/srd_probe/gate_s0 --config.seed=0 \
       --config.model.path=/tmp/srd_probe/sft2          # the gate's frozen 3-room episodes from the SFT model
 
@@ -37,7 +38,13 @@ SFT_BATCH = 16
 # preset -> (SFT steps, peak learning rate, max_len); round 2 (`sft2_long`) after round 1's loss stayed at 2.8
 # nats a token; round 4 (`sft_read`) with the hindsight rows (the longest row: 4-room prompt, block and
 # demonstration, 823 tokens with BOS and EOS)
-PRESETS = {"sft2": (60, 3e-4, 320), "sft2_long": (240, 1e-3, 320), "sft_read": (240, 1e-3, 832)}
+PRESETS = {"sft2": (60, 3e-4, 320), "sft2_long": (240, 1e-3, 320), "sft_read": (240, 1e-3, 832),
+           "sft_turns": (240, 1e-3, 864)}
+# Round 5 (`sft_turns`): sft_read with every turn encoded apart (sft.turn_pattern), as the collector lays an
+# episode out and the SRD teacher its block; round 4's whole-string encoding merged tokens across those boundaries
+# (an act followed by its observation: the prompt's "Act with <act>go east</act>, ..." stays whole, as the
+# collector encodes the prompt)
+TURNS = "<act>[^<]*</act>(?=<obs>)|<hindsight>[^<]*</hindsight>\n"
 READ_ROOMS, READ_ACTIONS = 4, 9    # the hindsight rows' layouts: 4 rooms, the shortest way's 9 actions
 READ_LAYOUTS = 120                 # of the 144 4-room layouts (the other 24 held out)
 PLAIN_COPIES = 40                  # each plain 2-room row repeated: 120 plain rows beside 120 hindsight rows
@@ -54,9 +61,11 @@ def get_config(arg=None):
   s.steps, s.optimizer.lr, s.max_len = PRESETS[arg]
   s.batch_size, s.optimizer.warmup_steps, s.optimizer.schedule = SFT_BATCH, 5, "cosine"
   c.checkpoint.every = 0
-  if arg == "sft_read":              # rows from `write_rows`, given as --config.data.train_jsonl
+  if arg in ("sft_read", "sft_turns"):   # rows from `write_rows`, given as --config.data.train_jsonl
     c.task.name, c.task.kwargs = "jsonl", {}
     c.data.max_prompt_len = 0        # derived from the rows (the longest hindsight prompt: 318 tokens)
+  if arg == "sft_turns":
+    s.turn_pattern = TURNS
   return c
 
 

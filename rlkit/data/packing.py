@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from rlkit.data.pipeline import _resolve_bos, completion_text, decode_record, read_records
+from rlkit.data.pipeline import decode_record, encode_sft, read_records
 from rlkit.models.tokenizer import Tokenizer
 
 LOSS_ON = ("completion", "all")
@@ -35,12 +35,12 @@ LOSS_ON = ("completion", "all")
 CHUNK = 256                     # records per batched read (their order is the shuffled order either way)
 
 
-def encode_chunk(indices, source: Any, tokenizer: Tokenizer, loss_on: str, add_bos: bool) -> dict:
+def encode_chunk(indices, source: Any, tokenizer: Tokenizer, loss_on: str, add_bos: Optional[bool],
+                 turn_pattern: str = "") -> dict:
   """Records `indices` as one concatenation {"tokens": int32 [n], "loss_mask": bool [n]} of [BOS] prompt
-  completion EOS each, in order."""
+  completion EOS each, in order (`encode_sft`)."""
   records = [decode_record(r) for r in read_records(source, indices)]
-  prompts = tokenizer.encode_batch([r["prompt"] for r in records], add_bos=add_bos)
-  completions = tokenizer.encode_batch([completion_text(r) for r in records], add_eos=True)
+  prompts, completions = encode_sft(records, tokenizer, add_bos, turn_pattern)
   tokens, loss_mask = [], []
   for p, c in zip(prompts, completions):
     tokens += p + c
@@ -80,7 +80,7 @@ class PackedIterator:
 
 def make_packed_sft_iterator(source: Any, batch_size: int, seed: int, tokenizer: Tokenizer, max_len: int, *,
                              loss_on: str = "completion", add_bos: Optional[bool] = None, process_index: int = 0,
-                             process_count: int = 1, read_threads: int = 1) -> PackedIterator:
+                             process_count: int = 1, read_threads: int = 1, turn_pattern: str = "") -> PackedIterator:
   """Checkpointable, endless iterator of packed batches (module docstring); `batch_size` is the global batch."""
   import grain
 
@@ -94,8 +94,8 @@ def make_packed_sft_iterator(source: Any, batch_size: int, seed: int, tokenizer:
     raise ValueError(f"batch_size={batch_size} must be a positive multiple of process_count={process_count} "
                      f"(and 0 <= process_index={process_index} < process_count).")
   per_process = batch_size // process_count
-  encode = functools.partial(encode_chunk, source=source, tokenizer=tokenizer, loss_on=loss_on,
-                             add_bos=_resolve_bos(tokenizer, add_bos))
+  encode = functools.partial(encode_chunk, source=source, tokenizer=tokenizer, loss_on=loss_on, add_bos=add_bos,
+                             turn_pattern=turn_pattern)
   ds = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(None)
   ds = ds.batch(CHUNK, batch_fn=list).map(encode)
   options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=max(2, read_threads * 2))

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from rlkit.data.turns import encode_turns
 from rlkit.models.tokenizer import Tokenizer, pad_left, pad_right
 
 if TYPE_CHECKING:
@@ -103,13 +104,23 @@ def prompt_batch(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, max
   return {"prompt_tokens": tokens, "prompt_mask": mask, **_object_columns(records)}
 
 
+def encode_sft(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, add_bos: Optional[bool] = None,
+               turn_pattern: str = "") -> tuple[list[list[int]], list[list[int]]]:
+  """([BOS] prompt ids, completion ids EOS) of decoded records, each text's turns encoded apart where
+  `turn_pattern` names them (rlkit/data/turns.py)."""
+  prompts = encode_turns(tokenizer, [r["prompt"] for r in records], turn_pattern,
+                         add_bos=_resolve_bos(tokenizer, add_bos))
+  return prompts, encode_turns(tokenizer, [completion_text(r) for r in records], turn_pattern, add_eos=True)
+
+
 def sft_batch(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, max_len: int,
-              add_bos: Optional[bool] = None, loss_on: str = "completion") -> dict[str, np.ndarray]:
+              add_bos: Optional[bool] = None, loss_on: str = "completion",
+              turn_pattern: str = "") -> dict[str, np.ndarray]:
   """[BOS] prompt completion EOS, right-padded to `max_len`; see the module docstring for the fields.
-  `loss_on="all"` marks every real token as a target, the prompt's too."""
+  `loss_on="all"` marks every real token as a target, the prompt's too; `turn_pattern` (rlkit/data/turns.py)
+  encodes each turn of the prompt and the completion apart, as a multi-turn collector does."""
   records = [decode_record(r) for r in records]
-  prompts = tokenizer.encode_batch([r["prompt"] for r in records], add_bos=_resolve_bos(tokenizer, add_bos))
-  completions = tokenizer.encode_batch([completion_text(r) for r in records], add_eos=True)
+  prompts, completions = encode_sft(records, tokenizer, add_bos, turn_pattern)
   tokens, attention_mask = pad_right([p + c for p, c in zip(prompts, completions)], max_len, tokenizer.pad_id)
   loss_mask = np.zeros_like(attention_mask)
   for row, (p, c) in enumerate(zip(prompts, completions)):
@@ -119,14 +130,14 @@ def sft_batch(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, max_le
 
 
 def token_lengths(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer,
-                  add_bos: Optional[bool] = None) -> tuple[list[int], list[int]]:
+                  add_bos: Optional[bool] = None, turn_pattern: str = "") -> tuple[list[int], list[int]]:
   """(prompt tokens, SFT sequence tokens) of each record, counted exactly as `prompt_batch` and `sft_batch`
-  lay them out, so a limit checked against these never fails inside a batch."""
+  (with `turn_pattern`) lay them out, so a limit checked against these never fails inside a batch."""
   records = [decode_record(r) for r in records]
   bos = _resolve_bos(tokenizer, add_bos)
   prompts = [len(ids) for ids in tokenizer.encode_batch([r["prompt"] for r in records], add_bos=bos)]
-  completions = tokenizer.encode_batch([completion_text(r) for r in records], add_eos=True)
-  return prompts, [p + len(c) for p, c in zip(prompts, completions)]
+  sft_prompts, completions = encode_sft(records, tokenizer, add_bos, turn_pattern)
+  return prompts, [len(p) + len(c) for p, c in zip(sft_prompts, completions)]
 
 
 def read_records(source: Any, indices: Sequence[int]) -> list:
@@ -189,11 +200,13 @@ def make_iterator(source: Any, batch_size: int, seed: int, tokenizer: Tokenizer,
 def make_sft_iterator(source: Any, batch_size: int, seed: int, tokenizer: Tokenizer, max_len: int, *,
                       num_epochs: Optional[int] = None, add_bos: Optional[bool] = None,
                       drop_remainder: bool = True, process_index: int = 0, process_count: int = 1,
-                      read_threads: int = 1, loss_on: str = "completion") -> grain.DatasetIterator:
+                      read_threads: int = 1, loss_on: str = "completion",
+                      turn_pattern: str = "") -> grain.DatasetIterator:
   """Checkpointable iterator of `sft_batch` dicts, shuffled by `seed`; `num_epochs=None` repeats forever.
 
   `batch_size` is the global batch; this process gets its `batch_size // process_count` rows of each.
   """
-  collate = functools.partial(sft_batch, tokenizer=tokenizer, max_len=max_len, add_bos=add_bos, loss_on=loss_on)
+  collate = functools.partial(sft_batch, tokenizer=tokenizer, max_len=max_len, add_bos=add_bos, loss_on=loss_on,
+                              turn_pattern=turn_pattern)
   return _iterator(source, batch_size, seed, collate, num_epochs, drop_remainder, process_index,
                    process_count, read_threads)

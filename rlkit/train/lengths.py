@@ -52,9 +52,9 @@ def _longest(lengths: list[int], rows: list[dict], where: str) -> tuple[int, str
   return lengths[i], f"{where} row {i + 1}, prompt {preview!r}"
 
 
-def _token_lengths(rows, tokenizer, where: str):
+def _token_lengths(rows, tokenizer, where: str, turn_pattern: str = ""):
   try:
-    return token_lengths(rows, tokenizer)
+    return token_lengths(rows, tokenizer, turn_pattern=turn_pattern)
   except ValueError as e:   # text the tokenizer cannot encode (a character outside the char alphabet)
     raise ConfigError(f"{where}: {e} Or use a tokenizer that covers the data (tokenizer.kind=hf).") from None
 
@@ -82,9 +82,10 @@ def needed_lengths(config, tokenizer) -> dict[str, tuple[int, str]]:
     # row ends: no limit applies to them, so they are neither generated nor tokenised here (a pretraining
     # corpus of a million examples would take minutes).
     with_train = not config[name].get("pack")
-    key = (id(own), with_train)
+    turns = config[name].get("turn_pattern", "")
+    key = (id(own), with_train, turns)
     if key not in cache:
-      cache[key] = {split: (rows, *_token_lengths(rows, tokenizer, _where(own, split)))
+      cache[key] = {split: (rows, *_token_lengths(rows, tokenizer, _where(own, split), turns))
                     for split, rows in split_rows(own, with_train).items() if rows}
     for split, (rows, prompts, sequences) in cache[key].items():
       need("data.max_prompt_len", *_longest(prompts, rows, _where(own, split)))

@@ -3,7 +3,8 @@
 One iteration: an `sft_batch` ([BOS] prompt completion EOS, right-padded; the loss on completion tokens) ->
 one jitted `sft_step`. `pack=True` fills every row with whole examples instead (rlkit/data/packing.py), and
 `loss_on="all"` trains on the prompts too: together, pretraining on a task's examples (experiments/base).
-`stop_at_loss` ends the stage once the loss's moving average is below it.
+`stop_at_loss` ends the stage once the loss's moving average is below it. `turn_pattern` encodes each turn of
+multi-turn demonstrations apart, as the multi-turn collector lays them out (rlkit/data/turns.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from rlkit.data.packing import LOSS_ON, make_packed_sft_iterator
 from rlkit.data.pipeline import make_sft_iterator
+from rlkit.data.turns import check_turn_pattern
 from rlkit.optim.optimizers import gradient_path, make_optimizer
 from rlkit.core.errors import ConfigError
 from rlkit.train.config import sft_defaults
@@ -29,7 +31,8 @@ def _run(ctx, cfg, state, start: int, meta: dict):
   step_fn = make_sft_step(ctx.model, tx, cfg.micro_batches, gradient_path(cfg.optimizer))
   make = make_packed_sft_iterator if cfg.pack else make_sft_iterator
   it = make(ctx.train_source, cfg.batch_size, ctx.config.seed + 1000 * meta["stage_index"], ctx.tokenizer,
-            cfg.max_len, loss_on=cfg.loss_on, process_index=jax.process_index(), process_count=jax.process_count())
+            cfg.max_len, loss_on=cfg.loss_on, process_index=jax.process_index(), process_count=jax.process_count(),
+            turn_pattern=cfg.turn_pattern)
 
   def iteration(state, batch, key, iterator, step):
     del key, iterator, step
@@ -54,6 +57,7 @@ def validate(section, name: str) -> None:
                       f"length: set {name}.max_len (e.g. 256) instead of 0.")
   if section.loss_on not in LOSS_ON:
     raise ConfigError(f"{name}.loss_on={section.loss_on!r} is not one of {', '.join(LOSS_ON)}.")
+  check_turn_pattern(section.turn_pattern, f"{name}.turn_pattern")
 
 
 register_stage("sft", Stage(_init, _run, sft_defaults, validate))
