@@ -8,9 +8,13 @@ merges "><" into one token that the collector never produces. An SFT on demonstr
 teaches token sequences the policy never sees at those boundaries (measured on experiments/srd's key-door task:
 every action's first token). `sft.turn_pattern` (a regular expression; "" keeps whole-string encoding) names the
 turns: the prompt and the completion are cut at its matches, each match and each text between two matches is
-encoded apart, and the ids are concatenated, BOS before the first piece and EOS after the last as before.
+encoded apart, and the ids are concatenated, BOS before the first piece and EOS after the last as before. The
+prompt is cut too, for contexts that hold turns of their own (SRD's teacher reads its hindsight block encoded
+apart from the prompt); the collector encodes a prompt whole, so the pattern should not match inside an ordinary
+prompt: the key-door prompt's instructions quote `<act>go east</act>`, hence its pattern
+`<act>[^<]*</act>(?=<obs>)`, an action followed by its observation.
 
-  split_turns("<act>go east</act><obs>Room 1.</obs>", "<act>.*?</act>")
+  split_turns("<act>go east</act><obs>Room 1.</obs>", "<act>[^<]*</act>(?=<obs>)")
     -> ["<act>go east</act>", "<obs>Room 1.</obs>"]
 """
 from __future__ import annotations

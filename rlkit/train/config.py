@@ -62,7 +62,7 @@ def sft_defaults() -> ml_collections.ConfigDict:
   c.pack = False                # concatenate examples into full rows of max_len tokens (pretraining: data/packing.py)
   c.loss_on = "completion"      # targets: completion (+ EOS) | all (every token: pretraining models the prompts too)
   c.turn_pattern = ""           # regex naming the turns of multi-turn text, each encoded apart as the multi-turn
-                                # collector does (e.g. "<act>.*?</act>"; rlkit/data/turns.py); "": encode whole
+                                # collector does (e.g. "<act>[^<]*</act>(?=<obs>)"; rlkit/data/turns.py); "": whole
   c.eval_every = 0              # evaluate every N steps (0: only at the end of the stage)
   c.stop_at_loss = 0.0          # end the stage early once the moving average of the loss is below this (0: off)
   c.task = ml_collections.ConfigDict()   # this stage's own task (and data), overriding the run's `task`

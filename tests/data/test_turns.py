@@ -14,6 +14,7 @@ from rlkit.models.tokenizer import CharTokenizer, make_tokenizer
 
 BASE = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "base", "model")
 ACT = "<act>.*?</act>"
+EPISODE = "<act>[^<]*</act>(?=<obs>)"   # an action followed by its observation: the prompt's quoted actions stay whole
 
 
 @pytest.fixture(scope="module")
@@ -41,31 +42,33 @@ def test_turns_encode_as_the_collector_lays_them_out(bpe, row):
   """Each action and observation encoded on its own (rlkit/train/multi_turn.py encodes an observation alone and
   samples an action token by token): the BPE merges across a boundary ("</obs>" then "<act>") that whole-string
   encoding makes are gone."""
-  pieces = split_turns(row["demonstration"], ACT)
+  pieces = split_turns(row["demonstration"], EPISODE)
+  assert pieces == split_turns(row["demonstration"], ACT) and len(pieces) == 12     # 6 actions, 6 observations
+  assert split_turns(row["prompt"], EPISODE) == [row["prompt"]]                      # encoded whole, as collected
   collector = [i for piece in pieces for i in bpe.encode(piece)] + [bpe.eos_id]
-  assert encode_turns(bpe, [row["demonstration"]], ACT, add_eos=True) == [collector]
+  assert encode_turns(bpe, [row["demonstration"]], EPISODE, add_eos=True) == [collector]
   assert bpe.encode(row["demonstration"], add_eos=True) != collector   # why the option exists
   assert encode_turns(bpe, [row["demonstration"]], "", add_eos=True) == [bpe.encode(row["demonstration"],
                                                                                     add_eos=True)]
 
 
 def test_sft_batch_and_lengths_use_the_turns(bpe, row):
-  batch = sft_batch([row], bpe, 1024, turn_pattern=ACT)
+  batch = sft_batch([row], bpe, 1024, turn_pattern=EPISODE)
   prompt = bpe.encode(row["prompt"], add_bos=bpe.bos_id is not None)
-  completion = encode_turns(bpe, [row["demonstration"]], ACT, add_eos=True)[0]
+  completion = encode_turns(bpe, [row["demonstration"]], EPISODE, add_eos=True)[0]
   n = len(prompt) + len(completion)
   assert batch["tokens"][0, :n].tolist() == prompt + completion and not batch["attention_mask"][0, n:].any()
   assert batch["loss_mask"][0].nonzero()[0].tolist() == list(range(len(prompt), n))
-  prompts, sequences = token_lengths([row], bpe, turn_pattern=ACT)
+  prompts, sequences = token_lengths([row], bpe, turn_pattern=EPISODE)
   assert prompts == [len(prompt)] and sequences == [n]
   assert token_lengths([row], bpe)[1] != sequences                     # whole-string encoding counts otherwise
-  chunk = encode_chunk([0], [row], bpe, "completion", None, turn_pattern=ACT)   # sft.pack: the same ids
+  chunk = encode_chunk([0], [row], bpe, "completion", None, turn_pattern=EPISODE)   # sft.pack: the same ids
   assert chunk["tokens"].tolist() == prompt + completion
 
 
 def test_a_char_tokenizer_is_unchanged_by_turns(row):
   tok = CharTokenizer(alphabet="".join(sorted(set(row["prompt"] + row["demonstration"]))))
-  assert (sft_batch([row], tok, 1024, turn_pattern=ACT)["tokens"] == sft_batch([row], tok, 1024)["tokens"]).all()
+  assert (sft_batch([row], tok, 1024, turn_pattern=EPISODE)["tokens"] == sft_batch([row], tok, 1024)["tokens"]).all()
 
 
 @pytest.mark.parametrize("pattern, words", [("<act>(", "not a regular expression"), ("x*", "empty string"),
