@@ -55,6 +55,7 @@ def get_config(arg=None):
     c.eval.max_new_tokens = 24       # single-turn evaluation grades the call: room for the longest one
   else:
     c.task.name = "key_door"
+    c.task.kwargs.hidden_keys = False   # True: rooms show keys without colours (rlkit/agents/keydoor.py)
     c.data.max_prompt_len = 184      # the longest prompt in the base's tokens (its corpus never held these words)
     c.data.num_train = 15            # the task has 16 distinct prompts (3 rooms); one held out
     c.data.num_test = 1

@@ -16,6 +16,7 @@ else before the episode; and because the arms never see them (they play 3-room l
   python launch.py --config=experiments/srd/probe.py:sft_read --workdir=/tmp/srd_probe/sft_read \
       --config.data.train_jsonl=/tmp/srd_probe/read.jsonl
   python launch.py --config=experiments/srd/probe.py:sft_turns ...          # round 5: the same, turn by turn
+  python experiments/srd/probe.py --rows=R/hidden.jsonl --hidden           # round 7: rooms hide key colours
   python launch.py --config=configs/srd.py:gate --workdir=/tmp/srd_probe/gate_s0 --config.seed=0 \
       --config.model.path=/tmp/srd_probe/sft2          # the gate's frozen 3-room episodes from the SFT model
 
@@ -39,7 +40,8 @@ SFT_BATCH = 16
 # nats a token; round 4 (`sft_read`) with the hindsight rows (the longest row: 4-room prompt, block and
 # demonstration, 823 tokens with BOS and EOS)
 PRESETS = {"sft2": (60, 3e-4, 320), "sft2_long": (240, 1e-3, 320), "sft_read": (240, 1e-3, 832),
-           "sft_turns": (240, 1e-3, 864)}
+           "sft_turns": (240, 1e-3, 864), "sft_hidden": (240, 1e-3, 864)}
+# Round 7 (`sft_hidden`): sft_turns on the hidden-keys variant's rows (`--hidden`): rooms show no key colours
 # Round 5 (`sft_turns`): sft_read with every turn encoded apart (sft.turn_pattern), as the collector lays an
 # episode out and the SRD teacher its block; round 4's whole-string encoding merged tokens across those boundaries
 # (an act followed by its observation: the prompt's "Act with <act>go east</act>, ..." stays whole, as the
@@ -61,10 +63,10 @@ def get_config(arg=None):
   s.steps, s.optimizer.lr, s.max_len = PRESETS[arg]
   s.batch_size, s.optimizer.warmup_steps, s.optimizer.schedule = SFT_BATCH, 5, "cosine"
   c.checkpoint.every = 0
-  if arg in ("sft_read", "sft_turns"):   # rows from `write_rows`, given as --config.data.train_jsonl
+  if arg in ("sft_read", "sft_turns", "sft_hidden"):   # rows from `write_rows`, as --config.data.train_jsonl
     c.task.name, c.task.kwargs = "jsonl", {}
     c.data.max_prompt_len = 0        # derived from the rows (the longest hindsight prompt: 318 tokens)
-  if arg == "sft_turns":
+  if arg in ("sft_turns", "sft_hidden"):
     s.turn_pattern = TURNS
   return c
 
@@ -76,24 +78,26 @@ def hindsight_block(way: str) -> str:
   return srd.get_config("srd").rl.srd.template.format(hindsight=episode_text(row, srd.SRD["field"]))
 
 
-def read_rows(seed: int = 0) -> list:
+def read_rows(seed: int = 0, hidden_keys: bool = False) -> list:
   """`sft_read`'s rows: PLAIN_COPIES copies of each of the 3 training 2-room layouts' plain demonstrations (the
-  2-room split of `sft2`), then READ_LAYOUTS 4-room layouts (a seeded shuffle) with the block in the prompt."""
+  2-room split of `sft2`), then READ_LAYOUTS 4-room layouts (a seeded shuffle) with the block in the prompt;
+  `hidden_keys`: the task's variant whose rooms show no key colours (`sft_hidden`)."""
   from experiments.srd.run import world_rows
   from rlkit.agents.keydoor import KeyDoor
   from rlkit.data.splits import generate_splits
-  two = KeyDoor(n_rooms=2)
+  two = KeyDoor(n_rooms=2, hidden_keys=hidden_keys)
   plain = [{"prompt": r["prompt"], "answer": r["answer"], "solution": r["demonstration"], "kind": "plain"}
            for r in generate_splits(two, 3, 1, seed)["train"]] * PLAIN_COPIES
-  four, task = world_rows(READ_ROOMS, READ_ACTIONS), KeyDoor(n_rooms=READ_ROOMS, max_actions=READ_ACTIONS)
+  four = world_rows(READ_ROOMS, READ_ACTIONS, hidden_keys=hidden_keys)
+  task = KeyDoor(n_rooms=READ_ROOMS, max_actions=READ_ACTIONS, hidden_keys=hidden_keys)
   chosen = np.random.default_rng(seed).permutation(len(four))[:READ_LAYOUTS]
   read = [{"prompt": four[i]["prompt"] + hindsight_block(four[i]["answer"]), "answer": four[i]["answer"],
            "solution": task.demonstration(four[i]), "kind": "hindsight"} for i in chosen]
   return plain + read
 
 
-def write_rows(path: str, seed: int = 0) -> int:
-  rows = read_rows(seed)
+def write_rows(path: str, seed: int = 0, hidden_keys: bool = False) -> int:
+  rows = read_rows(seed, hidden_keys)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -103,4 +107,6 @@ def write_rows(path: str, seed: int = 0) -> int:
 if __name__ == "__main__":
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--rows", required=True, help="the JSONL file to write sft_read's rows to")
-  print(f"wrote {write_rows(parser.parse_args().rows)} rows")
+  parser.add_argument("--hidden", action="store_true", help="the hidden-keys variant's rows (sft_hidden)")
+  args = parser.parse_args()
+  print(f"wrote {write_rows(args.rows, hidden_keys=args.hidden)} rows")

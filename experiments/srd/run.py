@@ -76,12 +76,14 @@ def layouts(n_rooms: int = N_ROOMS) -> list:
           for keys in itertools.product(*(range(i + 1) for i in range(n_rooms - 1)))]
 
 
-def world_rows(n_rooms: int = N_ROOMS, max_actions: int = MAX_ACTIONS) -> list:
+def world_rows(n_rooms: int = N_ROOMS, max_actions: int = MAX_ACTIONS, hidden_keys: bool = False) -> list:
   """One task row ({prompt, answer, layout}) per layout, in `layouts` order, written by the task itself (its
-  `make_example`, drawn from a fixed stream until every layout has come up)."""
+  `make_example`, drawn from a fixed stream until every layout has come up); `hidden_keys`: the task's variant
+  whose rooms show no key colours."""
   from rlkit.agents.keydoor import KeyDoor
-  task, rng, found = KeyDoor(n_rooms=n_rooms, max_actions=max_actions), np.random.default_rng(0), {}
-  want = [repr(layout) for layout in layouts(n_rooms)]
+  task = KeyDoor(n_rooms=n_rooms, max_actions=max_actions, hidden_keys=hidden_keys)
+  rng, found = np.random.default_rng(0), {}
+  want = [repr(dict(layout, **({"hidden_keys": True} if hidden_keys else {}))) for layout in layouts(n_rooms)]
   while len(found) < len(want):
     row = task.make_example(rng)
     found.setdefault(repr(row["layout"]), row)
@@ -90,10 +92,19 @@ def world_rows(n_rooms: int = N_ROOMS, max_actions: int = MAX_ACTIONS) -> list:
 
 def segments(row: dict, n_rooms: int = N_ROOMS) -> list:
   """The row's demonstration as an episode lays it out: [(text, is_action)], each action (`<act>...</act>`, a
-  policy turn) and each observation apart, as the collector tokenises them (one at a time)."""
+  policy turn) and each observation apart, as the collector tokenises them (one at a time). The layout says
+  whether its keys are hidden."""
   from rlkit.agents.keydoor import KeyDoor
-  text = KeyDoor(n_rooms=n_rooms).demonstration(row)
+  text = KeyDoor(n_rooms=n_rooms, max_actions=max(MAX_ACTIONS, 3 * (n_rooms - 1))).demonstration(row)
   return [(part, bool(ACTION.fullmatch(part))) for part in ACTION.split(text) if part]
+
+
+def blind_take(action: str, layout: dict) -> bool:
+  """Whether `action` (`<act>take C key</act>`) takes the key of a door further east than the room it lies in
+  (keys[i] < i): a colour no observation shows before it is taken where the keys are hidden."""
+  m = re.fullmatch(r"<act>take (\w+) key</act>", action)
+  door = layout["doors"].index(m[1]) if m and m[1] in layout["doors"] else None
+  return door is not None and layout["keys"][door] < door
 
 
 def token_sizes(tokenizer, turn_tokens: int = None) -> dict:
@@ -152,13 +163,15 @@ def _with_episode(row: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # G2: does the base read the hindsight?
 
-def hindsight_gain(model_path: str) -> dict:
+def hindsight_gain(model_path: str, hidden_keys: bool = False) -> dict:
   """The base scoring every layout's demonstration teacher-forced, as the student (prompt, then the episode) and
   as the SRD teacher (prompt, the hindsight block `rl.srd.template` of the episode's way, then the episode: the
   layout rlkit/train/srd.py's scorer builds), at temperature 1: the mean log-prob per action token (the tokens a
   policy samples; observations are context only) of each, and `gain` = teacher - student, pooled over every
   action token of every layout (nats per token); `layouts_gaining`: the share of layouts whose own mean gain is
-  positive."""
+  positive. Also (not a gate criterion) `blind_gain`: the mean gain summed over each `blind_take` action's
+  tokens (nats an action), over `blind_actions` of them: where the keys are hidden (`hidden_keys`, the task's
+  variant), the choices only the hindsight informs."""
   import jax
   import jax.numpy as jnp
 
@@ -169,20 +182,23 @@ def hindsight_gain(model_path: str) -> dict:
   from rlkit.train.srd import episode_text, teacher_prompts
   c = get_config("srd")
   module, params, tok = load_model(model_path, dtype=c.model.dtype, param_dtype=c.model.param_dtype)
-  rows = world_rows()
+  rows = world_rows(hidden_keys=hidden_keys)
   batch = prompt_batch([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows], tok, c.data.max_prompt_len)
   mask = np.asarray(batch["prompt_mask"], bool)
   student = [np.asarray(batch["prompt_tokens"])[i][mask[i]].tolist() for i in range(len(rows))]
   texts = [episode_text(_with_episode(r), c.rl.srd.field) for r in rows]
   teacher, _ = teacher_prompts(np.asarray(batch["prompt_tokens"]), mask, texts, c.rl.srd.template, tok)
-  episodes = [[(tok.encode(text), is_act) for text, is_act in segments(r)] for r in rows]
-  width = max(sum(len(ids) for ids, _ in e) for e in episodes)
+  episodes = [[(tok.encode(text), is_act, blind_take(text, r["layout"])) for text, is_act in segments(r)]
+              for r in rows]
+  width = max(sum(len(ids) for ids, _, _ in e) for e in episodes)
   response = np.full((len(rows), width), tok.pad_id, np.int32)
   attend, acts = np.zeros((len(rows), width), bool), np.zeros((len(rows), width), bool)
+  blind = []                                   # (row, token slice) of every blind take
   for i, e in enumerate(episodes):
     at = 0
-    for ids, is_act in e:
+    for ids, is_act, is_blind in e:
       response[i, at:at + len(ids)], attend[i, at:at + len(ids)], acts[i, at:at + len(ids)] = ids, True, is_act
+      blind += [(i, slice(at, at + len(ids)))] if is_blind else []
       at += len(ids)
 
   forward = jax.jit(lambda p, tokens, attention: score_response(module, p, tokens, attention, width, None))
@@ -195,9 +211,11 @@ def hindsight_gain(model_path: str) -> dict:
 
   s, t = score(student), score(teacher)
   per_layout = ((t - s) * acts).sum(1) / acts.sum(1)
+  per_blind = [float((t - s)[i, span].sum()) for i, span in blind]
   return {"gain": float(((t - s) * acts).sum() / acts.sum()), "student_logp": float((s * acts).sum() / acts.sum()),
           "teacher_logp": float((t * acts).sum() / acts.sum()), "action_tokens": int(acts.sum()),
-          "layouts": len(rows), "layouts_gaining": float(np.mean(per_layout > 0))}
+          "layouts": len(rows), "layouts_gaining": float(np.mean(per_layout > 0)),
+          "blind_gain": float(np.mean(per_blind)) if per_blind else math.nan, "blind_actions": len(per_blind)}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,12 @@ teacher reads as hindsight. Walking east and taking each key in the room where i
 each door costs exactly one take, one open and one step, 3 * (n_rooms - 1) actions in all.
 
 The layout, {"doors": [colour of door i], "keys": [room of door i's key]}, is the example's extra field
-`layout`; the environment rebuilds every episode from it alone.
+`layout`; the environment rebuilds every episode from it alone. With `"hidden_keys": true` in the layout (the
+task's `hidden_keys=True`) a room shows its keys without their colours (`A key is here.`): the doors still show
+theirs, so a key lying beside its own door can be named, but a key for a door further east (keys[i] < i) must be
+guessed, and a wrong colour is an action that does nothing. Then the way told at the end holds what the
+observations hid when the key was taken, which is what SRD's hindsight needs: on the plain task every action of
+the shortest way can be read off the room the policy is in (experiments/srd/probe_runs, round 5).
 """
 from __future__ import annotations
 
@@ -56,6 +61,7 @@ class KeyDoorState:
   actions: int = 0
   invalid: int = 0
   success: bool = False
+  hidden_keys: bool = False       # rooms show their keys without colours (module docstring)
 
 
 def layout_of(example: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -72,11 +78,14 @@ def state_from_layout(layout: Mapping[str, Any]) -> KeyDoorState:
   doors, keys = (layout.get("doors"), layout.get("keys")) if isinstance(layout, Mapping) else (None, None)
   ok = (isinstance(doors, (list, tuple)) and isinstance(keys, (list, tuple)) and len(doors) == len(keys) >= 1
         and all(d in COLOURS for d in doors) and len(set(doors)) == len(doors)
-        and all(type(k) is int and 0 <= k <= i for i, k in enumerate(keys)))
+        and all(type(k) is int and 0 <= k <= i for i, k in enumerate(keys))
+        and type(layout.get("hidden_keys", False)) is bool)
   if not ok:
     raise ValueError(f"key_door: bad layout {layout!r}; need 'doors' (distinct colours of {COLOURS}) and "
-                     "'keys' (keys[i] the room of door i's key, 0 <= keys[i] <= i), of equal non-zero length.")
-  return KeyDoorState(tuple(doors), tuple(keys), opened=(False,) * len(doors))
+                     "'keys' (keys[i] the room of door i's key, 0 <= keys[i] <= i), of equal non-zero length, "
+                     "and optionally 'hidden_keys' (true or false).")
+  return KeyDoorState(tuple(doors), tuple(keys), opened=(False,) * len(doors),
+                      hidden_keys=layout.get("hidden_keys", False))
 
 
 def shortest_way(state: KeyDoorState) -> list[str]:
@@ -90,7 +99,8 @@ def shortest_way(state: KeyDoorState) -> list[str]:
 
 def describe(state: KeyDoorState) -> str:
   """The observation of the current room (never the last one: reaching it ends the episode)."""
-  here = [f"A {c} key is here." for c, k in zip(state.doors, state.keys) if k == state.room and c not in state.held]
+  here = [f"A {'' if state.hidden_keys else c + ' '}key is here."
+          for c, k in zip(state.doors, state.keys) if k == state.room and c not in state.held]
   door = ("open" if state.opened[state.room] else f"locked ({state.doors[state.room]})")
   return " ".join([f"<obs>Room {state.room}."] + here + [f"The door east is {door}.</obs>"])
 
@@ -204,6 +214,7 @@ class KeyDoor:
   """
   n_rooms: int = 3
   max_actions: int = 8
+  hidden_keys: bool = False       # rooms show keys without colours (module docstring); in the layout
   name: str = dataclasses.field(default="key_door", init=False)
   required_fields: tuple = dataclasses.field(default=("layout",), init=False)
 
@@ -214,14 +225,16 @@ class KeyDoor:
     _require(isinstance(self.max_actions, (int, np.integer)) and self.max_actions >= need, self.name,
              f"max_actions must be an integer >= {need} (the shortest way through {self.n_rooms} rooms), "
              f"got {self.max_actions!r}.")
+    _require(type(self.hidden_keys) is bool, self.name, f"hidden_keys must be true or false, got {self.hidden_keys!r}.")
 
   def make_example(self, rng: np.random.Generator) -> dict[str, Any]:
     doors = [COLOURS[int(i)] for i in rng.permutation(len(COLOURS))[:self.n_rooms - 1]]
     keys = [int(rng.integers(0, i + 1)) for i in range(self.n_rooms - 1)]
-    start = state_from_layout({"doors": doors, "keys": keys})
+    layout = {"doors": doors, "keys": keys, **({"hidden_keys": True} if self.hidden_keys else {})}
+    start = state_from_layout(layout)
     prompt = (f"Reach room {self.n_rooms - 1} in at most {self.max_actions} actions. Act with <act>go east</act>, "
               "<act>go west</act>, <act>take COLOUR key</act> or <act>open COLOUR door</act>.\n" + describe(start))
-    return {"prompt": prompt, "answer": ", ".join(shortest_way(start)), "layout": {"doors": doors, "keys": keys}}
+    return {"prompt": prompt, "answer": ", ".join(shortest_way(start)), "layout": layout}
 
   def extract_answer(self, completion_text: str) -> Optional[str]:
     """The completion's actions joined by ", ", or None where it has no `<act>`."""

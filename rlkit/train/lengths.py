@@ -36,13 +36,17 @@ def split_rows(config, with_train: bool = True) -> dict[str, list[dict[str, Any]
   if files is not None:
     return {split: load_jsonl(path) for split, path in files.items() if with_train or split != "train"}
   task = make_task(config.task.name, **task_kwargs(config))
-  if not with_train:
-    return {"test": generate_test_split(task, config.data.num_test, config.seed)}
   try:
-    hash(task)
-  except TypeError:         # a task with an unhashable parameter is generated afresh
-    return generate_splits(task, config.data.num_train, config.data.num_test, config.seed)
-  return _generated_splits(task, config.data.num_train, config.data.num_test, config.seed)
+    if not with_train:
+      return {"test": generate_test_split(task, config.data.num_test, config.seed)}
+    try:
+      hash(task)
+    except TypeError:         # a task with an unhashable parameter is generated afresh
+      return generate_splits(task, config.data.num_train, config.data.num_test, config.seed)
+    return _generated_splits(task, config.data.num_train, config.data.num_test, config.seed)
+  except ValueError as e:   # more distinct prompts asked for than the task has
+    raise ConfigError(f"{e} (data.num_train={config.data.num_train}, data.num_test={config.data.num_test}: "
+                      "--config.data.num_train / --config.data.num_test)") from None
 
 
 def _longest(lengths: list[int], rows: list[dict], where: str) -> tuple[int, str]:

@@ -1,7 +1,7 @@
 """The key-door rooms of the SRD experiment (rlkit/agents/keydoor.py): the shortest way reaches the goal, invalid
 and unreadable actions do nothing and are counted, locked doors hold, running out of actions ends with the way
 that should have been taken, a turn without an act ends the episode, and the task, its demonstration and the
-reward agree with the environment."""
+reward agree with the environment; with hidden keys the rooms show no key colours."""
 import ml_collections
 import numpy as np
 import pytest
@@ -143,3 +143,32 @@ def test_reward_reads_the_episode_success():
   np.testing.assert_array_equal(out.components["invalid_actions"], [0.0, 3.0])
   with pytest.raises(ValueError, match="rl.collector='multi_turn'"):
     reward(batch([{}]))
+
+
+def test_hidden_keys_show_no_colour_so_a_key_for_a_later_door_must_be_guessed():
+  hidden = {**LAYOUT, "hidden_keys": True}
+  env = keydoor.KeyDoorEnv()
+  state = env.reset({"fields": {"layout": hidden}}, 0)
+  assert keydoor.describe(state) == ("<obs>Room 0. A key is here. A key is here. The door east is locked (red)."
+                                     "</obs>")
+  assert keydoor.shortest_way(state) == WAY                  # the way, and the way told at the end, name colours
+  # Door 1's colour is not in sight from room 0: a wrong guess does nothing and costs an action.
+  steps = play(env, state, ["take red key", "take green key", "take blue key"])
+  assert steps[0].observation == "<obs>Room 0. A key is here. The door east is locked (red).</obs>"
+  assert steps[1].observation == "<obs>Nothing happens.</obs>" and steps[2].state.held == ("red", "blue")
+  out = play(keydoor.KeyDoorEnv(max_actions=3), state, ["take red key", "take green key", "open red door"])[-1]
+  assert out.done and "The way was: " + ", ".join(WAY) in out.observation
+  assert play(env, state, WAY)[-1].state.success
+  with pytest.raises(ValueError, match="hidden_keys"):
+    keydoor.state_from_layout({**LAYOUT, "hidden_keys": "yes"})
+
+
+def test_the_hidden_keys_task_keeps_the_layouts_and_hides_the_colours():
+  plain, hidden = make_task("key_door"), make_task("key_door", hidden_keys=True)
+  a, b = plain.make_example(np.random.default_rng(5)), hidden.make_example(np.random.default_rng(5))
+  assert b["layout"] == {**a["layout"], "hidden_keys": True} and b["answer"] == a["answer"]
+  assert "hidden_keys" not in a["layout"]                    # the plain task's examples are unchanged
+  assert " key is here" in b["prompt"] and not any(f"{c} key is here" in b["prompt"] for c in keydoor.COLOURS)
+  assert not any(f"A {c} key" in hidden.demonstration(b) for c in keydoor.COLOURS)
+  with pytest.raises(ValueError, match="hidden_keys"):
+    make_task("key_door", hidden_keys=1)

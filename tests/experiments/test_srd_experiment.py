@@ -96,6 +96,19 @@ def test_hindsight_gain_scores_every_demonstration(stand_in_base, monkeypatch):
   g = driver.hindsight_gain(stand_in_base)
   assert (g["gain"], g["layouts_gaining"], g["action_tokens"], g["layouts"]) == (0.0, 0.0, acts, 24)
   assert -20 < g["student_logp"] == g["teacher_logp"] < 0
+  # Blind takes: door 1's key lying in room 0 (12 of the 24 layouts), one take each.
+  assert (g["blind_gain"], g["blind_actions"]) == (0.0, 12)
+  hidden = driver.hindsight_gain(stand_in_base, hidden_keys=True)
+  assert hidden["blind_actions"] == 12 and hidden["action_tokens"] == acts        # the same actions, other rooms
+  assert all(r["layout"]["hidden_keys"] and "A key is here." in r["prompt"]
+             for r in driver.world_rows(hidden_keys=True) if r["layout"]["keys"][0] == 0)
+
+
+def test_blind_takes_are_the_keys_of_doors_further_east():
+  layout = {"doors": ["red", "blue", "green"], "keys": [0, 0, 2]}
+  assert [driver.blind_take(f"<act>take {c} key</act>", layout) for c in ("red", "blue", "green", "yellow")] == [
+      False, True, False, False]
+  assert not driver.blind_take("<act>open blue door</act>", layout)
 
 
 # ---------------------------------------------------------------------------------------------------------------

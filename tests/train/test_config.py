@@ -59,6 +59,17 @@ def test_presets_validate(preset):
     assert notes == [] and resolved.to_dict() == before
 
 
+def test_more_prompts_than_the_task_has_is_a_config_error_naming_the_keys():
+  from rlkit.core.errors import ConfigError
+  from rlkit.train.lengths import resolve_lengths
+  from rlkit.train.models import run_tokenizer
+  c = _load("grpo_arith").get_config("test")
+  c.task.kwargs.update(ops="+", min_digits=1, max_digits=1)      # 100 distinct prompts
+  c.data.num_train = 200
+  with pytest.raises(ConfigError, match="distinct prompts.*--config.data.num_train"):
+    resolve_lengths(c, run_tokenizer(c))
+
+
 @pytest.mark.parametrize("name", ["baselines", "calif", "drm", "embodied", "graft", "logra", "onepo", "opd_scale",
                                   "prorubric", "rquest", "tips", "xtok_opd"])
 def test_experiment_presets_validate(name):
