@@ -17,6 +17,7 @@ else before the episode; and because the arms never see them (they play 3-room l
       --config.data.train_jsonl=/tmp/srd_probe/read.jsonl
   python launch.py --config=experiments/srd/probe.py:sft_turns ...          # round 5: the same, turn by turn
   python experiments/srd/probe.py --rows=R/hidden.jsonl --hidden           # round 7: rooms hide key colours
+  python -c "from experiments.srd.probe import reading_check; print(reading_check('R/sft_hidden', True))"
   python launch.py --config=configs/srd.py:gate --workdir=/tmp/srd_probe/gate_s0 --config.seed=0 \
       --config.model.path=/tmp/srd_probe/sft2          # the gate's frozen 3-room episodes from the SFT model
 
@@ -94,6 +95,19 @@ def read_rows(seed: int = 0, hidden_keys: bool = False) -> list:
   read = [{"prompt": four[i]["prompt"] + hindsight_block(four[i]["answer"]), "answer": four[i]["answer"],
            "solution": task.demonstration(four[i]), "kind": "hindsight"} for i in chosen]
   return plain + read
+
+
+def reading_check(model_path: str, hidden_keys: bool, seed: int = 0) -> dict:
+  """`hindsight_gain` (G2's scoring, with `blind_gain`) of `model_path` on the 4-room layouts the reading rows
+  hold (the first 24 of them) and on those they left out (the other 24), beside the arms' 3-room layouts: does
+  the model read the block, or recall the ways it was trained on?"""
+  from experiments.srd.run import hindsight_gain, world_rows
+  four = world_rows(READ_ROOMS, READ_ACTIONS, hidden_keys=hidden_keys)
+  order = np.random.default_rng(seed).permutation(len(four))
+  return {"4-room, trained": hindsight_gain(model_path, hidden_keys, [four[i] for i in order[:24]], READ_ROOMS),
+          "4-room, held out": hindsight_gain(model_path, hidden_keys, [four[i] for i in order[READ_LAYOUTS:]],
+                                             READ_ROOMS),
+          "3-room": hindsight_gain(model_path, hidden_keys)}
 
 
 def write_rows(path: str, seed: int = 0, hidden_keys: bool = False) -> int:

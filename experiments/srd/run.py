@@ -163,7 +163,7 @@ def _with_episode(row: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # G2: does the base read the hindsight?
 
-def hindsight_gain(model_path: str, hidden_keys: bool = False) -> dict:
+def hindsight_gain(model_path: str, hidden_keys: bool = False, rows: list = None, n_rooms: int = N_ROOMS) -> dict:
   """The base scoring every layout's demonstration teacher-forced, as the student (prompt, then the episode) and
   as the SRD teacher (prompt, the hindsight block `rl.srd.template` of the episode's way, then the episode: the
   layout rlkit/train/srd.py's scorer builds), at temperature 1: the mean log-prob per action token (the tokens a
@@ -171,24 +171,26 @@ def hindsight_gain(model_path: str, hidden_keys: bool = False) -> dict:
   action token of every layout (nats per token); `layouts_gaining`: the share of layouts whose own mean gain is
   positive. Also (not a gate criterion) `blind_gain`: the mean gain summed over each `blind_take` action's
   tokens (nats an action), over `blind_actions` of them: where the keys are hidden (`hidden_keys`, the task's
-  variant), the choices only the hindsight informs."""
+  variant), the choices only the hindsight informs. `rows` (worlds of `n_rooms` rooms; default every layout of the
+  gate's task, `world_rows`) scores others (the probes' 4-room layouts)."""
   import jax
   import jax.numpy as jnp
 
-  from rlkit.data.pipeline import prompt_batch
+  from rlkit.data.pipeline import prompt_batch, token_lengths
   from rlkit.models.tokenizer import bucket_length, pad_left
   from rlkit.rollout.scoring import score_response
   from rlkit.train.models import load_model
   from rlkit.train.srd import episode_text, teacher_prompts
   c = get_config("srd")
   module, params, tok = load_model(model_path, dtype=c.model.dtype, param_dtype=c.model.param_dtype)
-  rows = world_rows(hidden_keys=hidden_keys)
-  batch = prompt_batch([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows], tok, c.data.max_prompt_len)
+  rows = world_rows(hidden_keys=hidden_keys) if rows is None else rows
+  records = [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]
+  batch = prompt_batch(records, tok, max(c.data.max_prompt_len, *token_lengths(records, tok)[0]))
   mask = np.asarray(batch["prompt_mask"], bool)
   student = [np.asarray(batch["prompt_tokens"])[i][mask[i]].tolist() for i in range(len(rows))]
   texts = [episode_text(_with_episode(r), c.rl.srd.field) for r in rows]
   teacher, _ = teacher_prompts(np.asarray(batch["prompt_tokens"]), mask, texts, c.rl.srd.template, tok)
-  episodes = [[(tok.encode(text), is_act, blind_take(text, r["layout"])) for text, is_act in segments(r)]
+  episodes = [[(tok.encode(text), is_act, blind_take(text, r["layout"])) for text, is_act in segments(r, n_rooms)]
               for r in rows]
   width = max(sum(len(ids) for ids, _, _ in e) for e in episodes)
   response = np.full((len(rows), width), tok.pad_id, np.int32)
