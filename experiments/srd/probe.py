@@ -58,7 +58,7 @@ def get_config(arg=None):
     raise ValueError(f"Unknown preset {arg!r} for the srd probe; choose one of {', '.join(PRESETS)}.")
   c = srd.get_config("grpo")
   c.stages = ("sft",)
-  c.task.kwargs.n_rooms = 2
+  c.task.kwargs.update(n_rooms=2, max_actions=8, hidden_keys=False)   # the first design's task, on 2 rooms
   c.data.num_train, c.data.num_test = 3, 1
   c.sft = s = sft_defaults()
   s.steps, s.optimizer.lr, s.max_len = PRESETS[arg]
@@ -72,29 +72,19 @@ def get_config(arg=None):
   return c
 
 
-def hindsight_block(way: str) -> str:
-  """The block the SRD teacher reads (rl.srd.template of `way`'s episode_text), as rlkit/train/srd.py writes it."""
-  from rlkit.train.srd import episode_text
-  row = {"answer": way, "fields": {"episode": {"solution": way}}}
-  return srd.get_config("srd").rl.srd.template.format(hindsight=episode_text(row, srd.SRD["field"]))
-
-
 def read_rows(seed: int = 0, hidden_keys: bool = False) -> list:
   """`sft_read`'s rows: PLAIN_COPIES copies of each of the 3 training 2-room layouts' plain demonstrations (the
   2-room split of `sft2`), then READ_LAYOUTS 4-room layouts (a seeded shuffle) with the block in the prompt;
   `hidden_keys`: the task's variant whose rooms show no key colours (`sft_hidden`)."""
-  from experiments.srd.run import world_rows
+  from experiments.srd.run import demonstration_rows, world_rows
   from rlkit.agents.keydoor import KeyDoor
   from rlkit.data.splits import generate_splits
-  two = KeyDoor(n_rooms=2, hidden_keys=hidden_keys)
-  plain = [{"prompt": r["prompt"], "answer": r["answer"], "solution": r["demonstration"], "kind": "plain"}
-           for r in generate_splits(two, 3, 1, seed)["train"]] * PLAIN_COPIES
+  two = [{"prompt": r["prompt"], "answer": r["answer"], "layout": json.loads(r["fields"])["layout"]}
+         for r in generate_splits(KeyDoor(n_rooms=2, hidden_keys=hidden_keys), 3, 1, seed)["train"]]
   four = world_rows(READ_ROOMS, READ_ACTIONS, hidden_keys=hidden_keys)
-  task = KeyDoor(n_rooms=READ_ROOMS, max_actions=READ_ACTIONS, hidden_keys=hidden_keys)
-  chosen = np.random.default_rng(seed).permutation(len(four))[:READ_LAYOUTS]
-  read = [{"prompt": four[i]["prompt"] + hindsight_block(four[i]["answer"]), "answer": four[i]["answer"],
-           "solution": task.demonstration(four[i]), "kind": "hindsight"} for i in chosen]
-  return plain + read
+  chosen = [four[i] for i in np.random.default_rng(seed).permutation(len(four))[:READ_LAYOUTS]]
+  return (demonstration_rows(two, 2, False, "plain") * PLAIN_COPIES
+          + demonstration_rows(chosen, READ_ROOMS, True, "hindsight"))
 
 
 def reading_check(model_path: str, hidden_keys: bool, seed: int = 0) -> dict:
@@ -107,15 +97,7 @@ def reading_check(model_path: str, hidden_keys: bool, seed: int = 0) -> dict:
   return {"4-room, trained": hindsight_gain(model_path, hidden_keys, [four[i] for i in order[:24]], READ_ROOMS),
           "4-room, held out": hindsight_gain(model_path, hidden_keys, [four[i] for i in order[READ_LAYOUTS:]],
                                              READ_ROOMS),
-          "3-room": hindsight_gain(model_path, hidden_keys)}
-
-
-def write_rows(path: str, seed: int = 0, hidden_keys: bool = False) -> int:
-  rows = read_rows(seed, hidden_keys)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
-  return len(rows)
+          "3-room": hindsight_gain(model_path, hidden_keys, world_rows(3, 8, hidden_keys=hidden_keys), 3)}
 
 
 if __name__ == "__main__":
@@ -123,4 +105,5 @@ if __name__ == "__main__":
   parser.add_argument("--rows", required=True, help="the JSONL file to write sft_read's rows to")
   parser.add_argument("--hidden", action="store_true", help="the hidden-keys variant's rows (sft_hidden)")
   args = parser.parse_args()
-  print(f"wrote {write_rows(args.rows, hidden_keys=args.hidden)} rows")
+  from experiments.srd.run import write_sft_rows
+  print(f"wrote {write_sft_rows(args.rows, read_rows(hidden_keys=args.hidden))}")

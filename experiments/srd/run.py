@@ -1,27 +1,29 @@
-"""Driver of experiments/srd: the calibration gate (the base's own episodes, and the base scoring the task's
-demonstrations with and without hindsight), the budget check, then every arm of every seed from the base, then
-the archive.
+"""Driver of experiments/srd (README.md; the third design): the start policy (one SFT run from the base), the
+calibration gate (the policy's own episodes, and the policy scoring the arms' demonstrations with and without the
+hindsight), the budget check, then every arm of every seed from the policy, then the archive.
 
-  python experiments/srd/run.py --root=/tmp/srd                       # gate, 3 seeds x 3 arms, archive
+  python experiments/srd/run.py --root=/tmp/srd                       # SFT, gate, 3 seeds x 3 arms, archive
   python experiments/srd/run.py --root=DIR --seeds=0 --arms=grpo,srd
   python experiments/srd/run.py --root=DIR --dry_run                  # print the commands only
   python experiments/srd/run.py --sizes                               # the token sizes configs/srd.py states
   python experiments/srd/summarize.py --out=experiments/srd           # results.md and the plot
 
 Besides the shared flags (--root, --seeds, --arms, --lock, --dry_run, --archive: experiments/gate.py),
---model=PATH starts every run (and the gate's demonstration scoring) from that base instead of
-experiments/base/model (a smoke run on a stand-in), and --ignore_budget runs the arms even when the gate's timing
-projects them past the budget. --sizes prints `token_sizes` with --model's tokenizer (default: the base's) and
-exits.
+--model=PATH starts the SFT from that base instead of experiments/base/model (a smoke run on a stand-in), and
+--ignore_budget runs the arms even when the gate's timing projects them past the budget. --sizes prints
+`token_sizes` with --model's tokenizer (default: the base's) and exits.
 
-1. The gate (README "Calibration gate"): `configs/srd.py:gate` into DIR/gate_s<seed> for each of GATE["seeds"]
-   (whatever --seeds says: the gate is pooled over those); then `gate_checks` of their training rows pooled (G1)
-   and of `hindsight_gain`, the base scoring every layout's demonstration with and without the hindsight block
-   (G2), recorded in DIR/gate.json with the measured numbers and the budget projection. A failed gate stops the
-   driver before any arm (exit GATE_FAILED), after archiving the gate's runs.
-2. The budget (README "Budget"): the gate's wall times and iteration times project the whole set (the gate and
-   every arm of GATE["seeds"]); past BUDGET_MINUTES the driver stops before any arm (exit BUDGET_EXCEEDED) and
-   prints the STEPS that would fit.
+0. The start policy: `sft_rows` written to DIR/sft_rows.jsonl (and its one-row evaluation file), then
+   `configs/srd.py:sft` into DIR/sft_s0 (seed 0); every later run loads it (`--config.model.path`).
+1. The gate (README "Calibration gate", as the third design amends it): `configs/srd.py:gate` into
+   DIR/gate_s<seed> for each of GATE["seeds"] (whatever --seeds says: the gate is pooled over those); then
+   `gate_checks` of their training rows pooled (G1, G3) and of `hindsight_gain`, the policy scoring the arms'
+   layouts' demonstrations with and without the hindsight block (G2: on the blind takes), recorded in
+   DIR/gate.json with the measured numbers and the budget projection. A failed gate stops the driver before any
+   arm (exit GATE_FAILED), after archiving the runs.
+2. The budget (README "Budget"): the gate's wall times and iteration times project the gate and every arm of
+   GATE["seeds"]; past BUDGET_MINUTES the driver stops before any arm (exit BUDGET_EXCEEDED) and prints the STEPS
+   that would fit.
 3. The arms: `configs/srd.py:<arm>` into DIR/<arm>_s<seed>, seed by seed.
 4. The archive (`--archive`, default experiments/srd/runs; '' none): each finished workdir's config.json and its
    metrics cut to what summarize.py reads (`ARCHIVE_KEYS`), the wall records (each with the commit it ran at),
@@ -29,11 +31,12 @@ exits.
 
 Finished workdirs are skipped, unfinished ones resumed (experiments/driver.py); DIR/runs.jsonl gets each
 command's wall time and commit. Every launch shares one persistent XLA compilation cache, DIR/jax_cache (unless
-JAX_COMPILATION_CACHE_DIR is set). The flow is experiments/gate.py's `gate_then_arms`, as slca_grpo's.
+JAX_COMPILATION_CACHE_DIR is set). The flow after the SFT is experiments/gate.py's `gate_then_arms`.
 """
 import argparse
 import functools
 import itertools
+import json
 import math
 import os
 import re
@@ -45,9 +48,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks._common import commit  # noqa: E402
-from configs.srd import (ARMS, BASE_MODEL, BUDGET_MINUTES, GATE, MAX_ACTIONS, N_ROOMS, STEPS, WINDOW,  # noqa: E402
-                         get_config)
-from experiments.driver import finished, launch, use_compilation_cache  # noqa: E402,F401  (tests patch launch)
+from configs.srd import (ARMS, BASE_MODEL, BUDGET_MINUTES, GATE, HIDDEN_KEYS, MAX_ACTIONS, N_ROOMS,  # noqa: E402
+                         NUM_TEST, NUM_TRAIN, PLAIN_COPIES, SEEDS, STEPS, WINDOW, get_config)
+from experiments.driver import finished, launch, report, use_compilation_cache  # noqa: E402,F401  (tests patch launch)
 from experiments.gate import (BUDGET_EXCEEDED, GATE_FAILED, budget_projection, check, gate_then_arms,  # noqa: E402,F401
                               parse_driver_args, pooled_rows, record_gate)
 from experiments.srd.summarize import ARCHIVE_KEYS, SUCCESS  # noqa: E402
@@ -76,7 +79,7 @@ def layouts(n_rooms: int = N_ROOMS) -> list:
           for keys in itertools.product(*(range(i + 1) for i in range(n_rooms - 1)))]
 
 
-def world_rows(n_rooms: int = N_ROOMS, max_actions: int = MAX_ACTIONS, hidden_keys: bool = False) -> list:
+def world_rows(n_rooms: int = N_ROOMS, max_actions: int = MAX_ACTIONS, hidden_keys: bool = HIDDEN_KEYS) -> list:
   """One task row ({prompt, answer, layout}) per layout, in `layouts` order, written by the task itself (its
   `make_example`, drawn from a fixed stream until every layout has come up); `hidden_keys`: the task's variant
   whose rooms show no key colours."""
@@ -154,6 +157,72 @@ def token_sizes(tokenizer, turn_tokens: int = None) -> dict:
           "hindsight": max(n(block.format(hindsight=episode_text(_with_episode(r), c.rl.srd.field))) for r in rows)}
 
 
+def arm_rows(seeds=SEEDS) -> list:
+  """The worlds the arms play: every layout in some seed's split of the task (train and held-out prompts), as
+  `world_rows` writes them, in `layouts` order."""
+  from rlkit.data.splits import generate_splits
+  from rlkit.train.config import task_kwargs
+  from rlkit.agents.keydoor import KeyDoor
+  task = KeyDoor(**task_kwargs(get_config("srd")))
+  seen = {_key(json.loads(r["fields"])["layout"])
+          for seed in seeds for split in generate_splits(task, NUM_TRAIN, NUM_TEST, seed).values() for r in split}
+  return [r for r in world_rows() if _key(r["layout"]) in seen]
+
+
+def _key(layout: dict) -> str:
+  return json.dumps(layout, sort_keys=True)
+
+
+def hindsight_block(way: str) -> str:
+  """The block the SRD teacher reads (rl.srd.template of `way`'s episode_text), as rlkit/train/srd.py writes it."""
+  from rlkit.train.srd import episode_text
+  c = get_config("srd")
+  return c.rl.srd.template.format(hindsight=episode_text(_with_episode({"answer": way, "layout": {}}), c.rl.srd.field))
+
+
+def demonstration_rows(rows: list, n_rooms: int, hindsight: bool, kind: str) -> list:
+  """SFT rows (JSONL: prompt, answer, solution = the demonstration) of task rows of `n_rooms` rooms; `hindsight`
+  puts the block of the row's way after the prompt, as the SRD teacher reads it."""
+  from rlkit.agents.keydoor import KeyDoor
+  task = KeyDoor(n_rooms=n_rooms, max_actions=max(MAX_ACTIONS, 3 * (n_rooms - 1)))   # the layout says hidden
+  return [{"prompt": r["prompt"] + (hindsight_block(r["answer"]) if hindsight else ""), "answer": r["answer"],
+           "solution": task.demonstration(r), "kind": kind} for r in rows]
+
+
+def two_room_rows(split: str) -> list:
+  """The 2-room task's rows of `split` (3 train, 1 test; seed 0) as `world_rows` writes them."""
+  from rlkit.agents.keydoor import KeyDoor
+  from rlkit.data.splits import generate_splits
+  return [{"prompt": r["prompt"], "answer": r["answer"], "layout": json.loads(r["fields"])["layout"]}
+          for r in generate_splits(KeyDoor(n_rooms=2, hidden_keys=HIDDEN_KEYS), 3, 1, 0)[split]]
+
+
+def sft_rows() -> list:
+  """The `sft` preset's rows (configs/srd.py SFT): PLAIN_COPIES copies of the plain demonstrations of 3 of the 4
+  two-room layouts (to act), then every layout of the arms' task that no arm plays (`arm_rows`) with the hindsight
+  block in the prompt (to read it)."""
+  played = {_key(r["layout"]) for r in arm_rows()}
+  unseen = [r for r in world_rows() if _key(r["layout"]) not in played]
+  return (demonstration_rows(two_room_rows("train"), 2, False, "plain") * PLAIN_COPIES
+          + demonstration_rows(unseen, N_ROOMS, True, "hindsight"))
+
+
+def write_sft_rows(path: str, rows: list = None) -> str:
+  """`sft_rows()` (or `rows`) as a JSONL file at `path`; returns `path`. Beside it, `<path>.test.jsonl`: the
+  held-out 2-room layout's plain demonstration, the SFT run's one-row evaluation (it exists only because a
+  finished run is recognised by its last evaluation, as the arms' one-prompt evaluation)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  for name, out in ((path, sft_rows() if rows is None else rows),
+                    (eval_rows_path(path), demonstration_rows(two_room_rows("test"), 2, False, "plain"))):
+    with open(name, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in out)
+  return path
+
+
+def eval_rows_path(rows_path: str) -> str:
+  return rows_path[:-len(".jsonl")] + ".test.jsonl" if rows_path.endswith(".jsonl") else rows_path + ".test.jsonl"
+
+
 def _with_episode(row: dict) -> dict:
   """The row as the hindsight scorer sees it after an episode: its answer, and the environment's summary, whose
   "solution" is the shortest way (KeyDoorEnv.summary), i.e. the answer."""
@@ -163,7 +232,8 @@ def _with_episode(row: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # G2: does the base read the hindsight?
 
-def hindsight_gain(model_path: str, hidden_keys: bool = False, rows: list = None, n_rooms: int = N_ROOMS) -> dict:
+def hindsight_gain(model_path: str, hidden_keys: bool = HIDDEN_KEYS, rows: list = None,
+                   n_rooms: int = N_ROOMS) -> dict:
   """The base scoring every layout's demonstration teacher-forced, as the student (prompt, then the episode) and
   as the SRD teacher (prompt, the hindsight block `rl.srd.template` of the episode's way, then the episode: the
   layout rlkit/train/srd.py's scorer builds), at temperature 1: the mean log-prob per action token (the tokens a
@@ -223,12 +293,12 @@ def hindsight_gain(model_path: str, hidden_keys: bool = False, rows: list = None
 # ---------------------------------------------------------------------------------------------------------------
 # The gate and the budget.
 
-def gate_measure(paths, model_path: str = BASE_MODEL) -> dict:
+def gate_measure(paths, model_path: str) -> dict:
   """The gate's numbers, pooled over its runs' training iterations (each a batch of PROMPTS x GROUP episodes of the
-  base, frozen): the success rate (reward/success), the share of zero-variance groups (1 - informative_groups),
-  the scorer's srd/gap and srd/zero_variance_frac, turns per episode, invalid actions; the median seconds of an
-  iteration, each run's first (which compiles) left out; and `hindsight_gain` of the base at `model_path`
-  (hindsight_<key>). NaN where no run logged it."""
+  SFT policy, frozen): the success rate (reward/success), the share of zero-variance groups (1 -
+  informative_groups), the scorer's srd/gap and srd/zero_variance_frac, turns per episode, invalid actions; the
+  median seconds of an iteration, each run's first (which compiles) left out; and `hindsight_gain` of the policy
+  at `model_path` on the arms' layouts (`arm_rows`; hindsight_<key>). NaN where no run logged it."""
   train, _, later = pooled_rows(paths)
 
   def mean(key):
@@ -240,16 +310,17 @@ def gate_measure(paths, model_path: str = BASE_MODEL) -> dict:
               "turns_per_episode": turns / episodes if episodes else math.nan,
               "invalid_actions": mean("reward/invalid_actions"), "iterations": len(train),
               "iteration_s": float(np.median(later)) if later else math.nan}
-  measured.update({f"hindsight_{k}": v for k, v in hindsight_gain(model_path).items()})
+  measured.update({f"hindsight_{k}": v for k, v in hindsight_gain(model_path, rows=arm_rows()).items()})
   return measured
 
 
 def gate_checks(measured: dict) -> list:
-  """G1-G2 (configs/srd.py GATE, README "Calibration gate"); a value that was not measured is NaN and fails."""
-  return [check("G1 success rate of the base (mean reward/success)", measured.get("success", math.nan),
+  """G1-G3 (configs/srd.py GATE, README "Third design"); a value that was not measured is NaN and fails."""
+  return [check("G1 success rate of the SFT policy (mean reward/success)", measured.get("success", math.nan),
                 high=GATE["success_max"]),
-          check("G2 hindsight gain of the base (mean log-prob gain per demonstration action token, nats)",
-                measured.get("hindsight_gain", math.nan), low=GATE["gain_min"])]
+          check("G2 hindsight gain on the blind takes of the arms' layouts (nats an action)",
+                measured.get("hindsight_blind_gain", math.nan), low=GATE["blind_gain_min"]),
+          check("G3 policy turns per episode", measured.get("turns_per_episode", math.nan), low=GATE["turns_min"])]
 
 
 def budget(root: str, iteration_s: float, steps: int = STEPS) -> dict:
@@ -263,23 +334,33 @@ def budget(root: str, iteration_s: float, steps: int = STEPS) -> dict:
                            BUDGET_MINUTES, WINDOW, extra_s=extra_s, max_steps=STEPS)
 
 
-def main(argv=None) -> int:
+def main(argv=None, launch_fn=None) -> int:
+  launch_fn = launch_fn or launch          # looked up at call time (tests patch the module's launch)
   own = argparse.ArgumentParser(add_help=False)
   own.add_argument("--model", default="")
   own.add_argument("--sizes", action="store_true")
   flags, rest = own.parse_known_args(argv)
-  model = flags.model or BASE_MODEL
   if flags.sizes:
     from rlkit.train.models import tokenizer_from_spec
-    print(token_sizes(tokenizer_from_spec({"kind": "hf", "path": model})))
+    print(token_sizes(tokenizer_from_spec({"kind": "hf", "path": flags.model or BASE_MODEL})))
     return 0
   args = parse_driver_args(__doc__, "/tmp/srd", ARMS, ARCHIVE, rest, budget=True)
   use_compilation_cache(args.root)
+  rev = commit()
+  sft = os.path.join(args.root, "sft_s0")
+  rows = os.path.join(args.root, "sft_rows.jsonl")
+  if not args.dry_run:
+    write_sft_rows(rows)
+  if launch_fn(args.root, sft, f"{CONFIG}:sft", ["--config.seed=0", f"--config.data.train_jsonl={rows}",
+                                                 f"--config.data.test_jsonl={eval_rows_path(rows)}",
+                                                 *([f"--config.model.path={flags.model}"] if flags.model else [])],
+               args.lock, args.dry_run, TAG, name="sft", seed=0, commit=rev):
+    return report(TAG, [sft])
   return gate_then_arms(args, tag=TAG, config=CONFIG, gate_seeds=GATE["seeds"], gate_paths=gate_paths(args.root),
-                        measure=lambda paths: gate_measure(paths, model), checks=gate_checks, budget=budget,
+                        measure=lambda paths: gate_measure(paths, sft), checks=gate_checks, budget=budget,
                         steps=STEPS, arm_runs=len(ARMS) * len(GATE["seeds"]), budget_minutes=BUDGET_MINUTES,
-                        keys=ARCHIVE_KEYS, extra=[f"--config.model.path={flags.model}"] if flags.model else [],
-                        ignore_budget=args.ignore_budget, launch_fn=launch, rev=commit())
+                        keys=ARCHIVE_KEYS, extra=[f"--config.model.path={sft}"], ignore_budget=args.ignore_budget,
+                        launch_fn=launch_fn, rev=rev)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ against environment steps, and the share of zero-variance groups against the ite
 Reads ROOT/gate.json (run.py's record, experiments/gate.py), ROOT/runs.jsonl (the commands' wall times and
 commits), ROOT/changes.md if present (changes after the pre-registration, written by hand beside the runs) and
 every ROOT/<arm>_s<seed> that exists (config.json, metrics.jsonl). Per run, from its training rows (one an
-iteration, 64 episodes): the success rate (reward/success: the episode reached the last room), first and final
+iteration, PROMPTS x GROUP episodes): the success rate (reward/success: the episode reached the last room), first and final
 = its means over the first and the last WINDOW iterations, gain = final - first; the share of zero-variance
 groups (1 - informative_groups: groups whose 8 rewards are all equal, so GRPO's advantage is 0 on every token;
 logged for every arm, where srd/zero_variance_frac exists only where the SRD scorer runs); the environment steps
@@ -222,7 +222,7 @@ def plot(runs: dict, out: str) -> None:
     ax.grid(alpha=0.3)
   if left.get_legend_handles_labels()[0]:
     left.legend(fontsize=8)
-  fig.suptitle("SRD vs GRPO vs shuffled hindsight from the base: mean over seeds, bands min-max")
+  fig.suptitle("SRD vs GRPO vs shuffled hindsight: mean over seeds, bands min-max")
   save_figure(fig, out)
 
 

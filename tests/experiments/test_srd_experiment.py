@@ -39,12 +39,14 @@ def _differ(a: str, b: str) -> set:
   return set(changed_keys(cfg_module.get_config(a).to_dict(), cfg_module.get_config(b).to_dict()))
 
 
-def test_every_preset_validates_from_the_base(stand_in_base, tmp_path):
+def test_every_preset_validates_from_the_base(stand_in_base, tmp_path, tmp_path_factory):
+  rows = driver.write_sft_rows(str(tmp_path_factory.mktemp("rows") / "sft_rows.jsonl"))
   for preset in cfg_module.PRESETS:
     c = cfg_module.get_config(preset)
     assert c.model.path == cfg_module.BASE_MODEL and c.tokenizer.kind == "hf"
+    extra = [f"--config.data.train_jsonl={rows}"] if preset == "sft" else []
     code, out, err = launch_in_process(f"--config=configs/srd.py:{preset}", f"--workdir={tmp_path / preset}",
-                                       f"--config.model.path={stand_in_base}", "--validate_only")
+                                       f"--config.model.path={stand_in_base}", "--validate_only", *extra)
     assert code == 0, (preset, out, err)
   code, out, err = launch_in_process("--config=configs/srd.py:srd", f"--workdir={tmp_path / 'short'}",
                                      f"--config.model.path={stand_in_base}", "--validate_only",
@@ -55,7 +57,7 @@ def test_every_preset_validates_from_the_base(stand_in_base, tmp_path):
 
 def test_the_arms_differ_only_where_they_should():
   from rlkit.agents.keydoor import KeyDoorEnv
-  assert list(ARMS) == ["grpo", "srd", "srd_shuffled"] and list(cfg_module.PRESETS) == ["gate", *ARMS]
+  assert list(ARMS) == ["grpo", "srd", "srd_shuffled"] and list(cfg_module.PRESETS) == ["sft", "gate", *ARMS]
   assert _differ("grpo", "srd") == {"rl.loss_terms.srd_jsd"}
   assert _differ("srd", "srd_shuffled") == {"rl.srd.hindsight"}
   assert _differ("gate", "srd") == {"rl.steps", "rl.optimizer.frozen"}
@@ -64,11 +66,14 @@ def test_the_arms_differ_only_where_they_should():
       {"srd_jsd": 1.0}, "episode", 1.0, 0.1, "group")
   assert dict(cfg_module.get_config("grpo").rl.loss_terms) == {}
   assert cfg_module.get_config("srd_shuffled").rl.srd.hindsight == "shuffled"
-  assert (c.task.name, c.task.kwargs.n_rooms, c.task.kwargs.max_actions, c.rl.multi_turn.max_turns,
-          c.rl.prompts_per_step, c.rl.group_size, c.rl.steps, c.rl.optimizer.lr) == (
-      "key_door", 3, 8, 8, 4, 8, STEPS, cfg_module.LR)
-  assert KeyDoorEnv().max_actions == cfg_module.MAX_ACTIONS == c.rl.multi_turn.env_kwargs.max_actions
-  assert (c.eval.num_examples, c.eval.batch_size, c.data.num_train + c.data.num_test) == (1, 1, 16)
+  assert (c.task.name, c.task.kwargs.n_rooms, c.task.kwargs.max_actions, c.task.kwargs.hidden_keys,
+          c.rl.multi_turn.max_turns, c.rl.prompts_per_step, c.rl.group_size, c.rl.steps, c.rl.optimizer.lr) == (
+      "key_door", 4, 11, True, 11, 4, 8, STEPS, cfg_module.LR)
+  assert cfg_module.MAX_ACTIONS == c.rl.multi_turn.env_kwargs.max_actions == 3 * (cfg_module.N_ROOMS - 1) + 2
+  assert (c.eval.num_examples, c.eval.batch_size, c.data.num_train + c.data.num_test) == (1, 1, 12)
+  sft = cfg_module.get_config("sft")
+  assert (sft.stages, sft.task.name, sft.sft.steps, sft.sft.turn_pattern, sft.model.path) == (
+      ("sft",), "jsonl", cfg_module.SFT["steps"], cfg_module.SFT["turn_pattern"], cfg_module.BASE_MODEL)
   gate = cfg_module.get_config("gate")
   assert (gate.rl.steps, gate.rl.optimizer.frozen, dict(gate.rl.loss_terms)) == (GATE["steps"], ".", {"srd_jsd": 1.0})
   with pytest.raises(ValueError, match="Unknown preset"):
@@ -78,13 +83,13 @@ def test_the_arms_differ_only_where_they_should():
 def test_the_token_sizes_and_the_budgets_hold(stand_in_base):
   from rlkit.train.models import tokenizer_from_spec
   sizes = driver.token_sizes(tokenizer_from_spec({"kind": "hf", "path": stand_in_base}))
-  assert sizes == {"prompt": cfg_module.PROMPT_TOKENS, "prompt_min": 163, "action": cfg_module.ACT_TOKENS,
-                   "demonstration": cfg_module.DEMO_TOKENS, "success": cfg_module.SUCCESS_TOKENS, "success_spelt": 447,
+  assert sizes == {"prompt": cfg_module.PROMPT_TOKENS, "prompt_min": 161, "action": cfg_module.ACT_TOKENS,
+                   "demonstration": cfg_module.DEMO_TOKENS, "success": cfg_module.SUCCESS_TOKENS, "success_spelt": 627,
                    "episode": cfg_module.EPISODE_TOKENS, "hindsight": cfg_module.HINDSIGHT_TOKENS}
   c = cfg_module.get_config("srd")
   assert sizes["prompt"] <= c.data.max_prompt_len and sizes["action"] <= c.rl.multi_turn.turn_tokens
   assert sizes["demonstration"] <= sizes["success_spelt"] <= sizes["success"] <= c.rl.max_new_tokens
-  assert len(driver.layouts()) == 24 and len({r["prompt"] for r in driver.world_rows()}) == 16
+  assert len(driver.layouts()) == 144 and len({r["prompt"] for r in driver.world_rows()}) == 12
 
 
 def test_hindsight_gain_scores_every_demonstration(stand_in_base, monkeypatch):
@@ -94,14 +99,30 @@ def test_hindsight_gain_scores_every_demonstration(stand_in_base, monkeypatch):
   acts = sum(len(tok.encode(text)) for row in driver.world_rows() for text, is_act in driver.segments(row) if is_act)
   monkeypatch.setattr(srd_module, "episode_text", lambda example, field: "")   # no block: the teacher is the student
   g = driver.hindsight_gain(stand_in_base)
-  assert (g["gain"], g["layouts_gaining"], g["action_tokens"], g["layouts"]) == (0.0, 0.0, acts, 24)
+  assert (g["gain"], g["layouts_gaining"], g["action_tokens"], g["layouts"]) == (0.0, 0.0, acts, 144)
   assert -20 < g["student_logp"] == g["teacher_logp"] < 0
-  # Blind takes: door 1's key lying in room 0 (12 of the 24 layouts), one take each.
-  assert (g["blind_gain"], g["blind_actions"]) == (0.0, 12)
-  hidden = driver.hindsight_gain(stand_in_base, hidden_keys=True)
-  assert hidden["blind_actions"] == 12 and hidden["action_tokens"] == acts        # the same actions, other rooms
-  assert all(r["layout"]["hidden_keys"] and "A key is here." in r["prompt"]
-             for r in driver.world_rows(hidden_keys=True) if r["layout"]["keys"][0] == 0)
+  # Blind takes: door 1's key in room 0 (keys[1] = 0) and door 2's in room 0 or 1: 7 of every 6 key placements.
+  assert (g["blind_gain"], g["blind_actions"]) == (0.0, 24 * 7)
+  assert all(r["layout"]["hidden_keys"] and "A key is here." in r["prompt"] for r in driver.world_rows())
+  arms = driver.arm_rows()
+  on_arms = driver.hindsight_gain(stand_in_base, rows=arms)                    # the gate's G2: the arms' worlds
+  assert on_arms["layouts"] == len(arms) and on_arms["blind_actions"] == sum(
+      (r["layout"]["keys"][1] == 0) + (r["layout"]["keys"][2] < 2) for r in arms)
+  first = driver.hindsight_gain(stand_in_base, False, driver.world_rows(3, 8, hidden_keys=False), 3)
+  assert (first["layouts"], first["blind_actions"]) == (24, 12)                 # the first design's measurement
+
+
+def test_the_sft_rows_read_on_worlds_no_arm_plays():
+  arms = driver.arm_rows()
+  assert len({r["prompt"] for r in arms}) == 12 and len(arms) > 12          # every prompt, one layout per seed
+  rows = driver.sft_rows()
+  plain, read = [r for r in rows if r["kind"] == "plain"], [r for r in rows if r["kind"] == "hindsight"]
+  assert len(plain) == 3 * cfg_module.PLAIN_COPIES and len({r["prompt"] for r in plain}) == 3
+  assert len(read) == 144 - len(arms) and all("<hindsight>The way was: " in r["prompt"] for r in read)
+  played = {r["prompt"] + driver.hindsight_block(r["answer"]) for r in arms}
+  assert not played & {r["prompt"] for r in read}                              # no arm's world is read in SFT
+  assert all(r["solution"].startswith("<act>") and r["solution"].endswith("<obs>You reached the goal.</obs>")
+             for r in rows)
 
 
 def test_blind_takes_are_the_keys_of_doors_further_east():
@@ -144,16 +165,28 @@ def _gate(root, success=0.0, wall=60.0):
               + "\n")
 
 
-GAIN = {"gain": 0.3, "student_logp": -2.0, "teacher_logp": -1.7, "action_tokens": 2544, "layouts": 24,
-        "layouts_gaining": 1.0}
+GAIN = {"gain": 0.01, "student_logp": -0.04, "teacher_logp": -0.03, "action_tokens": 4000, "layouts": 33,
+        "layouts_gaining": 0.6, "blind_gain": 0.8, "blind_actions": 38}
 
 
 @pytest.fixture
 def g2(monkeypatch):
-  """The driver's G2 measurement, stubbed (the real one needs the base): returns GAIN updated by the test."""
+  """The driver's G2 measurement, stubbed (the real one needs the SFT policy): returns GAIN updated by the test."""
   measured = dict(GAIN)
-  monkeypatch.setattr(driver, "hindsight_gain", lambda model: dict(measured))
+  monkeypatch.setattr(driver, "hindsight_gain", lambda model, **kw: dict(measured))
   return measured
+
+
+def _sft(root):
+  """A finished SFT workdir (the driver skips it) and its wall record."""
+  path = os.path.join(root, "sft_s0")
+  write_workdir(path, {"stages": ["sft"], "sft": {"steps": 2}},
+                [{"stage": "sft", "step": 1, "loss": 1.0, "step_s": 1.0}, {"stage": "sft", "step": 2, "loss": 0.5,
+                                                                          "step_s": 1.0},
+                 {"stage": "sft", "step": 2, "eval/accuracy": 0.0}])
+  with open(os.path.join(root, "runs.jsonl"), "a") as f:
+    f.write(json.dumps({"name": "sft", "seed": 0, "workdir": path, "rc": 0, "wall_s": 700.0, "commit": "abc1234"})
+            + "\n")
 
 
 # (first, final) success per arm: SRD gets off the plateau, GRPO and the shuffled control do not.
@@ -170,29 +203,33 @@ def _arms(root, curves=CURVES, seeds=(0, 1, 2), grad_zero=0.0):
 def test_gate_checks_each_bound():
   def failed(**measured):
     return [c.name.split()[0] for c in driver.gate_checks(measured) if not c.passed]
-  assert failed(success=0.0, hindsight_gain=0.3) == []
-  assert failed(success=0.2, hindsight_gain=0.1) == []                   # both bounds inclusive
-  assert failed(success=0.25, hindsight_gain=0.3) == ["G1"]              # not SRD's all-fail regime
-  assert failed(success=0.0, hindsight_gain=0.05) == ["G2"]              # the base does not read the hindsight
-  assert failed(success=0.0, hindsight_gain=-0.2) == ["G2"]
-  assert failed() == ["G1", "G2"]                                        # values never measured fail
+  ok = {"success": 0.0, "hindsight_blind_gain": 0.8, "turns_per_episode": 6.0}
+  assert failed(**ok) == []
+  assert failed(success=0.2, hindsight_blind_gain=0.5, turns_per_episode=2.0) == []   # every bound inclusive
+  assert failed(**{**ok, "success": 0.25}) == ["G1"]                  # not SRD's all-fail regime
+  assert failed(**{**ok, "hindsight_blind_gain": 0.3}) == ["G2"]      # the policy does not read the hindsight
+  assert failed(**{**ok, "hindsight_blind_gain": -0.4}) == ["G2"]
+  assert failed(**{**ok, "turns_per_episode": 1.0}) == ["G3"]         # the policy does not act
+  assert failed() == ["G1", "G2", "G3"]                               # values never measured fail
 
 
 def test_a_failed_gate_stops_the_driver_before_any_arm(tmp_path, capsys, monkeypatch, g2):
   root, dest = str(tmp_path / "runs"), str(tmp_path / "archive")
   os.makedirs(root)
+  _sft(root)
   _gate(root)
-  g2["gain"] = 0.02                          # the base ignores the hindsight (G2)
+  g2["blind_gain"] = 0.2                     # the policy barely reads the hindsight (G2)
   no_training(monkeypatch, driver)           # an arm launch would train: the test fails there
   assert driver.main([f"--root={root}", f"--archive={dest}", "--model=/some/base"]) == driver.GATE_FAILED
   out = capsys.readouterr().out
   assert "FAILED: no arm runs" in out and ":grpo " not in out
   gate = json.load(open(os.path.join(dest, "gate.json")))
-  assert gate["passed"] is False and [c["passed"] for c in gate["checks"]] == [True, False]
+  assert gate["passed"] is False and [c["passed"] for c in gate["checks"]] == [True, False, True]
   m = gate["measured"]
-  assert (m["success"], m["zero_variance_share"], m["iterations"], m["hindsight_gain"]) == (0.0, 1.0, 9, 0.02)
+  assert (m["success"], m["zero_variance_share"], m["iterations"], m["hindsight_blind_gain"]) == (0.0, 1.0, 9, 0.2)
   assert (m["turns_per_episode"], m["srd_gap"], m["srd_zero_variance_frac"]) == (4.0, -0.05, 1.0)
-  assert sorted(os.listdir(dest)) == ["gate.json", "gate_s0", "gate_s1", "gate_s2", "runs.jsonl"]
+  assert sorted(os.listdir(dest)) == ["gate.json", "gate_s0", "gate_s1", "gate_s2", "runs.jsonl", "sft_s0"]
+  assert os.path.exists(os.path.join(root, "sft_rows.jsonl"))     # the rows the SFT run read, beside it
   summarize.main([f"--root={dest}"])
   assert summarize.NOT_TESTED in capsys.readouterr().out
 
@@ -201,22 +238,28 @@ def test_the_gate_runs_then_every_arm_and_the_archive_reads_like_the_runs(tmp_pa
   root, dest = str(tmp_path / "runs"), str(tmp_path / "archive")
   assert driver.main([f"--root={root}", "--dry_run", "--seeds=0", "--model=/some/base"]) == 0
   out = capsys.readouterr().out
+  sft = f"{root}/sft_s0"                     # the SFT from --model, then every run from the SFT policy
+  assert (f"configs/srd.py:sft --workdir={sft} --config.seed=0 --config.data.train_jsonl={root}/sft_rows.jsonl "
+          f"--config.data.test_jsonl={root}/sft_rows.test.jsonl --config.model.path=/some/base") in out
   for seed in GATE["seeds"]:                 # the gate is pooled over its own seeds, whatever --seeds says
-    assert f"configs/srd.py:gate --workdir={root}/gate_s{seed} --config.seed={seed}" in out
-  assert out.index(":gate ") < out.index("the gate and the budget are checked here") < out.index(":grpo ")
+    assert f"configs/srd.py:gate --workdir={root}/gate_s{seed} --config.seed={seed} --config.model.path={sft}" in out
+  assert out.index(":sft ") < out.index(":gate ") < out.index("the gate and the budget are checked here") < out.index(
+      ":grpo ")
   for arm in ARMS:
-    assert f"configs/srd.py:{arm} --workdir={root}/{arm}_s0 --config.seed=0 --config.model.path=/some/base" in out
+    assert f"configs/srd.py:{arm} --workdir={root}/{arm}_s0 --config.seed=0 --config.model.path={sft}" in out
+  os.makedirs(root, exist_ok=True)
+  _sft(root)
   _gate(root)
   _arms(root)
   no_training(monkeypatch, driver)
   assert driver.main([f"--root={root}", f"--archive={dest}"]) == 0
   out = capsys.readouterr().out
-  assert "calibration gate passed" in out and out.count("finished, skipped") == 3 + 3 * len(ARMS)
+  assert "calibration gate passed" in out and out.count("finished, skipped") == 1 + 3 + 3 * len(ARMS)
   gate = json.load(open(os.path.join(dest, "gate.json")))
   # 3 gate runs of 60 s; each arm a gate run, 17 more iterations of 1 s and one more checkpoint.
   per_arm = 60.0 - GATE["steps"] + STEPS + driver.CHECKPOINT_S
   assert gate["budget"]["minutes"] == pytest.approx((180 + 9 * per_arm) / 60)
-  assert sorted(os.listdir(dest)) == sorted(["gate.json", "runs.jsonl", *(f"gate_s{s}" for s in range(3)),
+  assert sorted(os.listdir(dest)) == sorted(["gate.json", "runs.jsonl", "sft_s0", *(f"gate_s{s}" for s in range(3)),
                                              *(f"{a}_s{s}" for a in ARMS for s in range(3))])
   summarize.main([f"--root={root}", f"--out={tmp_path / 'a'}"])
   from_runs = capsys.readouterr().out
@@ -228,7 +271,8 @@ def test_the_gate_runs_then_every_arm_and_the_archive_reads_like_the_runs(tmp_pa
 def test_over_budget_stops_before_any_arm_unless_told(tmp_path, capsys, monkeypatch, g2):
   root = str(tmp_path / "runs")
   os.makedirs(root)
-  _gate(root, wall=600.0)                    # 10 minutes a gate run: 9 arms cannot fit 90 minutes
+  _sft(root)
+  _gate(root, wall=600.0)                    # 10 minutes a gate run: 9 arms cannot fit the budget
   no_training(monkeypatch, driver)
   assert driver.main([f"--root={root}", "--archive="]) == driver.BUDGET_EXCEEDED
   out = capsys.readouterr().out
@@ -250,7 +294,8 @@ def test_summary_renders_results_and_verdicts_from_the_numbers(tmp_path, capsys)
   root = str(tmp_path / "runs")
   os.makedirs(root)
   _gate(root)
-  driver.record_gate(root, "srd", driver.gate_checks({"success": 0.0, "hindsight_gain": 0.3}))
+  driver.record_gate(root, "srd", driver.gate_checks({"success": 0.0, "hindsight_blind_gain": 0.8,
+                                                       "turns_per_episode": 6.0}))
   _arms(root)
   summarize.main([f"--root={root}"])
   out = capsys.readouterr().out
