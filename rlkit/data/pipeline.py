@@ -134,10 +134,10 @@ def token_lengths(records: Sequence[Mapping[str, Any]], tokenizer: Tokenizer,
   """(prompt tokens, SFT sequence tokens) of each record, counted exactly as `prompt_batch` and `sft_batch`
   (with `turn_pattern`) lay them out, so a limit checked against these never fails inside a batch."""
   records = [decode_record(r) for r in records]
-  bos = _resolve_bos(tokenizer, add_bos)
-  prompts = [len(ids) for ids in tokenizer.encode_batch([r["prompt"] for r in records], add_bos=bos)]
   sft_prompts, completions = encode_sft(records, tokenizer, add_bos, turn_pattern)
-  return prompts, [len(p) + len(c) for p, c in zip(sft_prompts, completions)]
+  prompts = (tokenizer.encode_batch([r["prompt"] for r in records], add_bos=_resolve_bos(tokenizer, add_bos))
+             if turn_pattern else sft_prompts)           # prompt_batch encodes a prompt whole
+  return [len(p) for p in prompts], [len(p) + len(c) for p, c in zip(sft_prompts, completions)]
 
 
 def read_records(source: Any, indices: Sequence[int]) -> list:

@@ -37,6 +37,10 @@ def stored_example(task: Task, row: Mapping[str, Any]) -> dict[str, str]:
           "fields": encoded}
 
 
+class PromptSpaceError(ValueError):
+  """More distinct prompts asked for than the task has (num_train / num_test too large for it)."""
+
+
 def _unique_examples(task: Task, rng: np.random.Generator, count: int, exclude: set[str]) -> list[dict]:
   rows, seen = [], set(exclude)
   max_draws = 10 * count + 1000
@@ -48,7 +52,7 @@ def _unique_examples(task: Task, rng: np.random.Generator, count: int, exclude: 
       seen.add(row["prompt"])
       rows.append(stored_example(task, row))
   if len(rows) < count:
-    raise ValueError(f"task {task.name!r}: only {len(rows)} distinct prompts (of {count} requested) in "
+    raise PromptSpaceError(f"task {task.name!r}: only {len(rows)} distinct prompts (of {count} requested) in "
                      f"{max_draws} draws; the task's prompt space is too small for these sizes. Lower "
                      "num_train/num_test or widen the task (more digits, numbers, operators).")
   return rows

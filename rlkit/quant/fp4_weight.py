@@ -111,10 +111,13 @@ class FP4Weight(QuantizedWeight):
   def matmul(self, eq: str, x: Array) -> Array:
     (xs, ws), ys = eq.split("->")[0].split(","), eq.split("->")[1]
     contracted, tok = "".join(c for c in ws if c not in ys), "".join(c for c in xs if c in ys)
+    fallback = self.layout != "dense" or ws[:self.in_axes] != contracted   # no [M, K] x [K, N] kernel view
+    if fallback and not self.act:
+      return super().matmul(eq, x)
     x2 = jnp.einsum(f"{xs}->{tok}{contracted}", x)     # tokens first, the contracted axes in the kernel's order
     if self.act:
       x2 = _rounded_activations(x2, len(tok), self.act)
-    if self.layout != "dense" or ws[:self.in_axes] != contracted:
+    if fallback:
       return super().matmul(f"{tok}{contracted},{ws}->{ys}", x2)
     lead = x2.shape[:len(tok)]
     flat = BlockFP4(*(a.reshape(a.shape[0], -1) for a in self.fp4[:2]), self.fp4.tensor_scale)   # [., N]

@@ -19,7 +19,7 @@ import ml_collections
 from rlkit.data.jsonl import load_jsonl
 from rlkit.data.pipeline import token_lengths
 from rlkit.data.tasks import make_task
-from rlkit.data.splits import generate_splits, generate_test_split
+from rlkit.data.splits import PromptSpaceError, generate_splits, generate_test_split
 from rlkit.core.errors import ConfigError
 from rlkit.train.config import data_files, stage_config, task_kwargs
 
@@ -39,14 +39,19 @@ def split_rows(config, with_train: bool = True) -> dict[str, list[dict[str, Any]
   try:
     if not with_train:
       return {"test": generate_test_split(task, config.data.num_test, config.seed)}
-    try:
-      hash(task)
-    except TypeError:         # a task with an unhashable parameter is generated afresh
-      return generate_splits(task, config.data.num_train, config.data.num_test, config.seed)
-    return _generated_splits(task, config.data.num_train, config.data.num_test, config.seed)
-  except ValueError as e:   # more distinct prompts asked for than the task has
+    generate = _generated_splits if _hashable(task) else generate_splits   # unhashable: generated afresh
+    return generate(task, config.data.num_train, config.data.num_test, config.seed)
+  except PromptSpaceError as e:
     raise ConfigError(f"{e} (data.num_train={config.data.num_train}, data.num_test={config.data.num_test}: "
                       "--config.data.num_train / --config.data.num_test)") from None
+
+
+def _hashable(task) -> bool:
+  try:
+    hash(task)
+  except TypeError:
+    return False
+  return True
 
 
 def _longest(lengths: list[int], rows: list[dict], where: str) -> tuple[int, str]:
