@@ -12,6 +12,13 @@ from tests.xla_flags import FAST_COMPILE  # (no jax import: jax must start after
 
 # Must be set before jax initialises its backend; harmless for single-device tests.
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
+# XLA:CPU runs each device's share of a program on the client's thread pool, whose size is max(cores, devices):
+# 8 threads for the 8 devices on a 2-core machine. A device that runs behind holds its 32 in-flight slots, so its
+# next launch blocks a pool thread while the other 7 devices wait in that program's all-reduce on the other 7:
+# every pool thread waits, nothing drains the queue, and after 40 s XLA aborts the worker (a core dump of a crashed
+# worker showed exactly this: 7 threads in InProcessCommunicator::AllReduce, 1 in Semaphore::Acquire, the rest of
+# the process idle). XLA sizes its pools from NPROC where it is set; 12 leaves 4 threads to drain the queue.
+os.environ.setdefault("NPROC", "12")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
