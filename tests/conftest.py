@@ -13,11 +13,12 @@ from tests.xla_flags import FAST_COMPILE  # (no jax import: jax must start after
 # Must be set before jax initialises its backend; harmless for single-device tests.
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
 # XLA:CPU runs each device's share of a program on the client's thread pool, whose size is max(cores, devices):
-# 8 threads for the 8 devices on a 2-core machine. A device that runs behind holds its 32 in-flight slots, so its
-# next launch blocks a pool thread while the other 7 devices wait in that program's all-reduce on the other 7:
-# every pool thread waits, nothing drains the queue, and after 40 s XLA aborts the worker (a core dump of a crashed
-# worker showed exactly this: 7 threads in InProcessCommunicator::AllReduce, 1 in Semaphore::Acquire, the rest of
-# the process idle). XLA sizes its pools from NPROC where it is set; 12 leaves 4 threads to drain the queue.
+# 8 threads for the 8 devices on a 2-core machine. A device that runs behind holds all its in-flight slots, so
+# its next launch blocks one pool thread while the other 7 devices' shares wait in that program's all-reduce on
+# the other 7: every pool thread waits, nothing drains the queue, and after 40 s XLA aborts the worker (a core
+# dump of a crashed worker showed exactly this: 7 threads in InProcessCommunicator::AllReduce, 1 in
+# Semaphore::Acquire, the rest of the process idle). XLA sizes its pools from NPROC where it is set; 12 leaves 4
+# threads to drain the queue (launch.py's `mesh.cpu_devices` does the same for users: mesh.pool_threads).
 os.environ.setdefault("NPROC", "12")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -89,10 +90,7 @@ def pytest_collection_modifyitems(config, items):
 def _free_compiled_programs():
   """Drops JAX's compiled programs and traces after each test file. A worker otherwise keeps every executable of
   every file it ran: in a default run (2-core EPYC) a worker grew to 6.4 GB and the machine to 13.0 GB in use;
-  with this, 2.2 GB and 4.6 GB, in the same time (609 s vs 600-613 s): files share few programs. Both worker
-  crashes seen involve long-lived workers: the unwinder's (above), and one in CI during
-  tests/agents/test_code_task.py that printed no faulthandler trace (a segfault or abort prints one), as a
-  kill from outside, such as the OOM killer's, would leave it."""
+  with this, 2.2 GB and 4.6 GB, in the same time (609 s vs 600-613 s): files share few programs."""
   yield
   jax.clear_caches()
   gc.collect()

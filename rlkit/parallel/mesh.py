@@ -116,11 +116,35 @@ def set_cpu_devices(n: int) -> None:
     raise ValueError(f"cpu_devices={n} must be >= 0 (0 keeps JAX's default).")
   if n == 0:
     return
+  threads = pool_threads(n, len(os.sched_getaffinity(0)), os.environ)
+  if threads is not None:
+    os.environ["NPROC"] = threads
   try:
     jax.config.update("jax_num_cpu_devices", n)
   except RuntimeError as e:
     raise RuntimeError(f"cpu_devices={n} must be set before JAX starts its backends (before any array or "
                        f"jax.devices() call); call set_cpu_devices first thing, as launch.py does.") from e
+
+
+SPARE_POOL_THREADS = 2
+
+
+def pool_threads(devices: int, cores: int, environ: Mapping[str, str]) -> Optional[str]:
+  """The NPROC that gives XLA:CPU's thread pools threads beyond `devices` when there are more devices than cores,
+  or None to leave the environment alone (NPROC already set, or at least as many cores as devices).
+
+  Why: XLA:CPU runs each device's share of a program as a task on its client pool of max(cores, devices) threads
+  (NPROC, where set, stands for the core count). With as many devices as threads, a device running behind holds all
+  its in-flight slots (XLA's per-device limit), so its next launch blocks one pool thread while every other device's
+  share waits in that program's collective on the others: no thread is left to run the lagging device's queue, and
+  XLA aborts the process after 40 s (seen on a 2-core machine with 8 simulated devices: a core dump of the aborted
+  process had 7 pool threads in an all-reduce and 1 on the semaphore). One free thread drains the queue; two leave a
+  margin. With exactly as many devices as cores the pool has no spare thread either, but each device then has a core
+  to keep up on, and no such abort has been recorded there; that layout (the benchmarks' `cpu_devices=2` on 2 cores)
+  keeps its measured thread counts."""
+  if "NPROC" in environ or cores >= devices:
+    return None
+  return str(devices + SPARE_POOL_THREADS)
 
 
 def mesh_axis_size(mesh: Mesh, axes: Union[None, str, Sequence[str]]) -> int:

@@ -11,6 +11,7 @@ from jax.sharding import AxisType
 from rlkit.parallel import mesh as mesh_lib
 from rlkit.parallel import (detect_cluster, make_mesh, maybe_initialize_distributed, mesh_from_config,
                             set_cpu_devices)
+from rlkit.parallel.mesh import pool_threads
 
 
 @pytest.mark.parametrize("shape, expected", [
@@ -70,6 +71,12 @@ def test_set_cpu_devices_splits_the_host_before_jax_starts():
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   assert out.stdout.strip() == "3"
+
+
+def test_more_devices_than_cores_get_spare_pool_threads():
+  assert pool_threads(8, 2, {}) == "10"                  # XLA's pool would be exactly 8: two spare threads
+  assert pool_threads(2, 2, {}) is None and pool_threads(4, 16, {}) is None   # a core per device already
+  assert pool_threads(8, 2, {"NPROC": "3"}) is None      # the user's own setting stays
 
 
 def test_set_cpu_devices_after_jax_started_errors_clearly():
