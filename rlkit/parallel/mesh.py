@@ -116,7 +116,8 @@ def set_cpu_devices(n: int) -> None:
     raise ValueError(f"cpu_devices={n} must be >= 0 (0 keeps JAX's default).")
   if n == 0:
     return
-  threads = pool_threads(n, len(os.sched_getaffinity(0)), os.environ)
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)   # macOS
+  threads = pool_threads(n, cores, os.environ)
   if threads is not None:
     os.environ["NPROC"] = threads
   try:
