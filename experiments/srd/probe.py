@@ -24,7 +24,6 @@ else before the episode; and because the arms never see them (they play 3-room l
 2 rooms have 4 layouts (one door, its key in room 0): 3 train, 1 held out; PRESETS' steps of SFT_BATCH rows.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -76,11 +75,8 @@ def read_rows(seed: int = 0, hidden_keys: bool = False) -> list:
   """`sft_read`'s rows: PLAIN_COPIES copies of each of the 3 training 2-room layouts' plain demonstrations (the
   2-room split of `sft2`), then READ_LAYOUTS 4-room layouts (a seeded shuffle) with the block in the prompt;
   `hidden_keys`: the task's variant whose rooms show no key colours (`sft_hidden`)."""
-  from experiments.srd.run import demonstration_rows, world_rows
-  from rlkit.agents.keydoor import KeyDoor
-  from rlkit.data.splits import generate_splits
-  two = [{"prompt": r["prompt"], "answer": r["answer"], "layout": json.loads(r["fields"])["layout"]}
-         for r in generate_splits(KeyDoor(n_rooms=2, hidden_keys=hidden_keys), 3, 1, seed)["train"]]
+  from experiments.srd.run import demonstration_rows, two_room_rows, world_rows
+  two = two_room_rows("train", hidden_keys, seed)
   four = world_rows(READ_ROOMS, READ_ACTIONS, hidden_keys=hidden_keys)
   chosen = [four[i] for i in np.random.default_rng(seed).permutation(len(four))[:READ_LAYOUTS]]
   return (demonstration_rows(two, 2, False, "plain") * PLAIN_COPIES

@@ -189,12 +189,12 @@ def demonstration_rows(rows: list, n_rooms: int, hindsight: bool, kind: str) -> 
            "solution": task.demonstration(r), "kind": kind} for r in rows]
 
 
-def two_room_rows(split: str) -> list:
-  """The 2-room task's rows of `split` (3 train, 1 test; seed 0) as `world_rows` writes them."""
+def two_room_rows(split: str, hidden_keys: bool = HIDDEN_KEYS, seed: int = 0) -> list:
+  """The 2-room task's rows of `split` (3 train, 1 test) as `world_rows` writes them."""
   from rlkit.agents.keydoor import KeyDoor
   from rlkit.data.splits import generate_splits
   return [{"prompt": r["prompt"], "answer": r["answer"], "layout": json.loads(r["fields"])["layout"]}
-          for r in generate_splits(KeyDoor(n_rooms=2, hidden_keys=HIDDEN_KEYS), 3, 1, 0)[split]]
+          for r in generate_splits(KeyDoor(n_rooms=2, hidden_keys=hidden_keys), 3, 1, seed)[split]]
 
 
 def sft_rows() -> list:

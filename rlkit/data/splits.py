@@ -53,8 +53,8 @@ def _unique_examples(task: Task, rng: np.random.Generator, count: int, exclude: 
       rows.append(stored_example(task, row))
   if len(rows) < count:
     raise PromptSpaceError(f"task {task.name!r}: only {len(rows)} distinct prompts (of {count} requested) in "
-                     f"{max_draws} draws; the task's prompt space is too small for these sizes. Lower "
-                     "num_train/num_test or widen the task (more digits, numbers, operators).")
+                           f"{max_draws} draws; the task's prompt space is too small for these sizes. Lower "
+                           "num_train/num_test or widen the task (more digits, numbers, operators).")
   return rows
 
 
