@@ -7,14 +7,20 @@ seed 0, evaluated on the 500 held-out chains every 125 steps.
 """
 from configs import tips
 
-# preset -> (SFT steps of tips.SFT_BATCH chains, peak learning rate)
-PRESETS = {"sft1000": (1_000, 3e-4), "sft1000_hi": (1_000, 1e-3)}
+# preset -> (SFT steps of tips.SFT_BATCH chains, peak learning rate, the chains' operator, the SFT target)
+PRESETS = {"sft1000": (1_000, 3e-4, "-", "steps"), "sft1000_hi": (1_000, 1e-3, "-", "steps"),
+           "plus125": (125, 3e-4, "+", "steps"),      # running SUMS, the base's own step_check skill
+           "checks250": (250, 3e-4, "-", "checks")}   # worked verdicts: each step's result, then its verdict
 
 
 def get_config(arg=None):
   if arg not in PRESETS:
     raise ValueError(f"Unknown preset {arg!r} for the tips probe; choose one of {', '.join(PRESETS)}.")
   c = tips.get_config("supervised")
-  c.sft.steps, c.sft.optimizer.lr = PRESETS[arg]
-  c.sft.eval_every = 125
+  c.sft.steps, c.sft.optimizer.lr, op, target = PRESETS[arg]
+  c.task.kwargs = {**c.task.kwargs, "op": op, "sft_target": target}
+  if target == "checks":     # up to 6 checks ("155+1=156:156+": up to 15 tokens each) and the end
+    c.sft.max_len = 144
+    c.eval.max_new_tokens = 91
+  c.sft.eval_every = 125 if c.sft.steps > 125 else 25
   return c

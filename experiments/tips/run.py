@@ -1,18 +1,20 @@
-"""Driver of experiments/tips: the final-answer baseline and the supervised verifier of every seed (the
-calibration gate), then the outcome-only RL verifier of every seed.
+"""Driver of experiments/tips: the start policy, the final-answer baseline and the supervised verifier of every
+seed (the calibration gate), then the outcome-only RL verifier of every seed.
 
   python experiments/tips/run.py --root=/tmp/tips                         # gate, then 3 seeds of outcome
   python experiments/tips/run.py --root=DIR --dry_run                     # print the commands only
   python experiments/tips/summarize.py --root=experiments/tips/runs       # the tables and plot, from the archive
 
-Each run is one `launch.py` subprocess (configs/tips.py) into DIR/<arm>_s<seed>, from the base. In order:
-1. DIR/final_answer_s<seed>.json: the final-answer checker's eval metrics on the held-out chains of the seed
+Each run is one `launch.py` subprocess (configs/tips.py) into DIR/<arm>_s<seed>. In order:
+1. DIR/start_s0: the start policy, SFT of the base on worked verdicts of running-sum chains (seed 0);
+2. DIR/final_answer_s<seed>.json: the final-answer checker's eval metrics on the held-out chains of the seed
    (the first eval.num_examples of its test split, the chains every run is evaluated on); no model;
-2. `supervised` of every seed: the gate's runs (also the upper-bound arm);
-3. the gate (README): G1 every seed's supervised F1 at least GATE_MARGIN above its final-answer baseline; G2
-   the supervised F1 at least GATE_MARGIN above the base's own (the run's evaluation at its start), on the
-   mean over seeds. DIR/gate.json records it; when it fails the driver stops here (exit 2);
-4. `outcome` of every seed.
+3. `supervised` of every seed, from DIR/start_s0: the gate's runs (also the upper-bound arm);
+4. the gate (README): G0 the start policy's F1 on its own running-sum chains >= START_F1; G1 every seed's
+   supervised F1 at least GATE_MARGIN above its final-answer baseline; G2 the supervised F1 at least GATE_MARGIN
+   above the start policy's on the running-difference chains (each run's evaluation at its start), on the mean
+   over seeds. DIR/gate.json records it; when it fails the driver stops here (exit 2);
+5. `outcome` of every seed, from DIR/start_s0.
 Finished workdirs are skipped, unfinished ones resumed (experiments/driver.py); DIR/runs.jsonl gets each
 command's wall time; `--lock=PATH` runs every launch under `flock PATH`. At the end the finished workdirs (cut to
 what summarize.py reads), the baselines and gate.json are archived into `--archive` (default
@@ -33,6 +35,8 @@ from experiments.gate import GATE_FAILED, archive_with_gate, check, parse_driver
 from rlkit.train.metrics import read_metrics  # noqa: E402
 
 ARMS = ("supervised", "outcome")
+START = "start_s0"         # the start policy's workdir under DIR (both arms start from it)
+START_F1 = 50.0            # G0: the start policy verifies its own chains (the final-answer floor is ~30)
 ARCHIVE = "experiments/tips/runs"
 KEYS = ("stage", "step", "step_s", "at_stage_start", "eval/", "reward", "entropy", "response_len")
 F1 = "eval/processbench/f1"
@@ -67,15 +71,17 @@ def f1_at(path: str, start: bool) -> float:
 
 
 def gate_checks(root: str, seeds) -> list:
-  """G1 per seed and G2 on the mean over seeds (module docstring)."""
-  checks, room = [], []
+  """G0 on the start policy, G1 per seed and G2 on the mean over seeds (module docstring)."""
+  checks = [check("start policy's F1 on its running-sum chains", f1_at(os.path.join(root, START), False),
+                  low=START_F1)]
+  room = []
   for seed in seeds:
     path = os.path.join(root, f"supervised_s{seed}")
     baseline = os.path.join(root, f"final_answer_s{seed}.json")
     floor = read_json(baseline)[F1] if os.path.exists(baseline) else np.nan
     checks.append(check(f"s{seed}: supervised F1 - final-answer F1", f1_at(path, False) - floor, low=GATE_MARGIN))
     room.append(f1_at(path, False) - f1_at(path, True))
-  checks.append(check("supervised F1 - the base's F1 (mean over seeds)", np.mean(room), low=GATE_MARGIN))
+  checks.append(check("supervised F1 - the start's F1 (mean over seeds)", np.mean(room), low=GATE_MARGIN))
   return checks
 
 
@@ -83,12 +89,18 @@ def main(argv=None) -> int:
   args = parse_driver_args(__doc__, "/tmp/tips", ARMS, ARCHIVE, argv)
   failed = []
 
+  start = os.path.join(args.root, START)
+
   def run(arm: str, seed: int) -> None:
     path = os.path.join(args.root, f"{arm}_s{seed}")
-    if launch(args.root, path, f"configs/tips.py:{arm}", [f"--config.seed={seed}"], args.lock, args.dry_run,
-              "tips", name=arm, seed=seed):
+    extra = [] if arm == "start" else [f"--config.model.path={start}"]
+    if launch(args.root, path, f"configs/tips.py:{arm}", [f"--config.seed={seed}", *extra], args.lock,
+              args.dry_run, "tips", name=arm, seed=seed):
       failed.append(path)
 
+  run("start", 0)
+  if failed:
+    return finish(args, failed)
   for seed in args.seeds:
     path = os.path.join(args.root, f"final_answer_s{seed}.json")
     if not args.dry_run and not os.path.exists(path):

@@ -4,7 +4,7 @@
 
 Reads the archive (or a driver's root): gate.json, DIR/final_answer_s<seed>.json (the final-answer baseline on
 the same held-out chains), every DIR/<arm>_s<seed> (experiments/arm_tables.py; a run's first evaluation, at its
-start, is the base's) and prints the pre-registered verdicts (README), per seed where they are paired. The plot
+start, is the start policy's) and prints the pre-registered verdicts (README), per seed where they are paired. The plot
 goes to DIR/curves.png, or where --out says.
 """
 import os
@@ -25,8 +25,8 @@ METRICS = {"ProcessBench F1": "eval/processbench/f1", "non-trap F1": "eval/proce
 TARGET_RATIO = 0.8         # the issue's target: outcome's non-trap F1 >= 0.8 x supervised's
 
 
-def base_row(root: str, seed: int):
-  """The base's evaluation: the supervised run's first, at its start."""
+def start_row(root: str, seed: int):
+  """The start policy's evaluation on the running-difference chains: the supervised run's first, at its start."""
   rows = [r for r in read_metrics(os.path.join(root, f"supervised_s{seed}", "metrics.jsonl"))
           if r.get("at_stage_start")]
   return rows[0] if rows else None
@@ -38,13 +38,13 @@ def verdicts(runs: dict, baseline: dict, base: dict, seeds) -> None:
           for arm, by in runs.items()}
   sup, out = last.get("supervised", {}), last.get("outcome", {})
   paired = [s for s in seeds if s in sup and s in out]
-  print("\nVerdicts (README; per seed: outcome vs supervised, the final-answer baseline and the base)\n")
+  print("\nVerdicts (README; per seed: outcome vs supervised, the final-answer baseline and the start policy)\n")
   if not paired:
     print("outcome not run: no verdicts (see the gate).")
     return
   nontrap = METRICS["non-trap F1"]
   f1, traps = METRICS["ProcessBench F1"], METRICS["traps found"]
-  print("| seed | outcome non-trap F1 / supervised | outcome F1 - final-answer F1 | outcome F1 - base F1 | "
+  print("| seed | outcome non-trap F1 / supervised | outcome F1 - final-answer F1 | outcome F1 - start F1 | "
         "traps: outcome - supervised |\n|---|---|---|---|---|")
   for s in paired:
     ratio = out[s][nontrap] / sup[s][nontrap] if sup[s][nontrap] else np.nan
@@ -56,8 +56,8 @@ def verdicts(runs: dict, baseline: dict, base: dict, seeds) -> None:
   above_base = all(out[s][f1] > base.get(s, {}).get(f1, np.nan) for s in paired)
   print(f"\n2. outcome's non-trap F1 >= {TARGET_RATIO} x supervised's (means over seeds): ratio {ratio:.3f}, "
         f"{'met' if ratio >= TARGET_RATIO else 'not met'}")
-  print(f"3. outcome above the final-answer baseline by > {GATE_MARGIN:g} points (mean) and above the base in every "
-        f"seed: {above_floor:+.1f} points, {'above' if above_base else 'not above'} the base in every seed: "
+  print(f"3. outcome above the final-answer baseline by > {GATE_MARGIN:g} points (mean) and above the start in every "
+        f"seed: {above_floor:+.1f} points, {'above' if above_base else 'not above'} the start in every seed: "
         f"{'supported' if above_floor > GATE_MARGIN and above_base else 'not supported'}")
   print(f"4. on traps outcome below supervised (means): {mean(out, traps):.3f} vs {mean(sup, traps):.3f}: "
         f"{'supported' if mean(out, traps) < mean(sup, traps) else 'not supported'}")
@@ -67,8 +67,8 @@ def main(argv=None) -> None:
   args, seeds = parse_summary_args(__doc__, "experiments/tips/runs", argv)
   baseline = {s: read_json(path) for s in seeds
               if os.path.exists(path := os.path.join(args.root, f"final_answer_s{s}.json"))}
-  base = {s: row for s in seeds if (row := base_row(args.root, s))}
-  for name, rows in (("final-answer baseline", baseline), ("the base (no training)", base)):
+  base = {s: row for s in seeds if (row := start_row(args.root, s))}
+  for name, rows in (("final-answer baseline", baseline), ("the arms' start (no training on these chains)", base)):
     if rows:
       print(f"| {name} | seeds | " + " | ".join(METRICS) + " |\n|---|---|" + "---|" * len(METRICS))
       print(f"| | {','.join(map(str, rows))} | " +

@@ -6,7 +6,7 @@ subset (gsm8k, math, olympiadbench, omnimath), rows {"id", "generator", "problem
 `load_processbench` turns them into rlkit examples: the problem and its numbered steps as the prompt, answer
 "<label>/<number of steps>" (rlkit.rewards.prm.format_answer; the verifier needs the count to refuse a verdict of
 the wrong length), and every official field kept as an extra field. A verifier answers with one verdict character
-per step, '+' correct or '-' wrong (rlkit.rewards.prm).
+per step, '+' correct or '-' wrong, each optionally after its worked check (rlkit.rewards.prm).
 
 Synthetic chains (DESIGN, ../shared/methods/llm.md §3, the tiny TIPS experiment): a start number, then steps that
 each add an operand to the previous written result. Prompt "5+3=8+4=12+2=14>", steps ["5+3=8", "8+4=12", "12+2=14"].
@@ -40,7 +40,7 @@ import numpy as np
 from rlkit.data.jsonl import JsonlTask
 from rlkit.data.tasks import TASKS
 from rlkit.rewards.prm import (NO_ERROR, STEP_OK, STEP_WRONG, format_answer, parse_answer, predicted_index,
-                              processbench_counts, processbench_from_counts)
+                              processbench_counts, processbench_from_counts, verdict_chars)
 
 OFFICIAL_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 PROMPT_TEMPLATE = "{problem}\n\n{steps}\n\nVerdict, one character per step (+ correct, - wrong):\n"
@@ -166,6 +166,7 @@ SUBSETS = {"len3": Difficulty(3, 4, 9), "len4": Difficulty(4, 5, 19), "len5": Di
            "len7": Difficulty(7, 8, 99)}
 _STEP = re.compile(r"^(\d+)([+-])(\d+)=(\d+)$")
 CHAIN_OPS = ("+", "-")      # running sums, running differences
+SFT_TARGETS = ("steps", "checks", "format")     # ProcessBenchChains.demonstration
 
 
 def make_chain(rng: np.random.Generator, subset: str, erroneous: bool, trap: bool, max_error: int,
@@ -199,17 +200,31 @@ def make_chain(rng: np.random.Generator, subset: str, erroneous: bool, trap: boo
           "trap": bool(erroneous and trap)}
 
 
-def step_verdicts(steps: list[str]) -> str:
-  """The true verdict of a chain: each step's own correctness, '+' where a + b = c (a - b = c), else '-'."""
-  verdicts = []
+def step_checks(steps: list[str]) -> list[tuple[str, str]]:
+  """(the step's check, its verdict) per step of a chain: "a-b=c" -> ("c+b=<c+b>:a", '+' iff c + b = a), "a+b=c"
+  -> ("c-b=<c-b>:a", '+' iff c - b = a): the step undone, then the number it must give back. Undone, the value
+  cannot be copied from the chain's own text; beside it, a is compared with it where both are written."""
+  checks = []
   for step in steps:
     m = _STEP.match(step)
     if m is None:
       raise ValueError(f"step_verdicts: {step!r} is not a running-sum step 'a+b=c' (or 'a-b=c'); only synthetic "
                        "chains (synthetic_processbench, processbench_chains) have per-step labels.")
     a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
-    verdicts.append(STEP_OK if (a + b if op == "+" else a - b) == c else STEP_WRONG)
-  return "".join(verdicts)
+    inverse, undone = ("-", c - b) if op == "+" else ("+", c + b)
+    checks.append((f"{c}{inverse}{b}={undone}:{a}", STEP_OK if undone == a else STEP_WRONG))
+  return checks
+
+
+def step_verdicts(steps: list[str]) -> str:
+  """The true verdict of a chain: each step's own correctness, '+' where a + b = c (a - b = c), else '-'."""
+  return "".join(verdict for _, verdict in step_checks(steps))
+
+
+def worked_verdicts(steps: list[str]) -> str:
+  """The true worked verdict (rlkit.rewards.prm): each step's check, then its verdict, "40-3=37-4=34>" ->
+  "37+3=40:40+34+4=38:37-"."""
+  return "".join(check + verdict for check, verdict in step_checks(steps))
 
 
 def synthetic_processbench(seed: int, per_subset: int, *, error_frac: float = 0.5, trap_frac: float = 0.2,
@@ -251,10 +266,9 @@ class VerdictGrading:
   rlkit/train/evaluate.py's hook). The subset is each example's `subset` field."""
 
   def extract_answer(self, completion_text: str) -> Optional[str]:
-    """The verdict string, stripped; None unless it is non-empty '+'/'-' only (the step count is checked by
-    `verify`, which knows it)."""
-    text = completion_text.strip()
-    return text if text and set(text) <= {STEP_OK, STEP_WRONG} else None
+    """The verdict characters ("37+3=40:40+34+4=38:37-" -> "+-"); None unless the text is a verdict of either form
+    (rlkit.rewards.prm.verdict_chars; the step count is checked by `verify`, which knows it)."""
+    return verdict_chars(completion_text)
 
   def verify(self, completion_text: str, answer: str) -> float:
     label, n_steps = parse_answer(answer)
@@ -317,7 +331,7 @@ class ProcessBenchChains(VerdictGrading):
   error_frac: float = 0.5
   trap_frac: float = 0.2
   max_error: int = 9
-  sft_target: str = "steps"        # the demonstration: "steps" (every step's verdict) | "format" (all '+')
+  sft_target: str = "steps"        # the demonstration: "steps" (verdicts) | "checks" (worked) | "format" (all '+')
   op: str = "+"                    # the chain's operator: "+" (running sums) | "-" (running differences)
   name: str = dataclasses.field(default="processbench_chains", init=False)
   # final_answer_correct: the tips_outcome reward; steps: the demonstration; subset: category; label: the metric.
@@ -334,9 +348,10 @@ class ProcessBenchChains(VerdictGrading):
     if self.op not in CHAIN_OPS:
       raise ValueError(f"task {self.name!r}: op must be one of {list(CHAIN_OPS)} (running sums or differences), "
                        f"got {self.op!r}.")
-    if self.sft_target not in ("steps", "format"):
-      raise ValueError(f"task {self.name!r}: sft_target must be 'steps' (the step labels: supervised) or 'format' "
-                       f"(all '+': the verdict format with no error information), got {self.sft_target!r}.")
+    if self.sft_target not in SFT_TARGETS:
+      raise ValueError(f"task {self.name!r}: sft_target must be one of {list(SFT_TARGETS)} ('steps': the step "
+                       "labels; 'checks': each step's check, then its label; 'format': all '+', the "
+                       f"verdict format with no error information), got {self.sft_target!r}.")
 
   def make_example(self, rng: np.random.Generator) -> dict[str, Any]:
     subset = self.subsets[int(rng.integers(len(self.subsets)))]
@@ -346,9 +361,11 @@ class ProcessBenchChains(VerdictGrading):
 
   def demonstration(self, example: Mapping[str, Any]) -> str:
     """sft_target "steps": every step's own verdict (a trap's cancelling step is '-' too), the supervised
-    target; "format": all '+', which teaches the verdict's form and length and nothing about errors (the
-    start of outcome-only RL)."""
+    target; "checks": the same verdicts, each after its check ("37+3=40:40+34+4=38:37-"); "format": all '+',
+    which teaches the verdict's form and length and nothing about errors."""
     steps = example["steps"]
+    if self.sft_target == "checks":
+      return worked_verdicts(steps)
     return step_verdicts(steps) if self.sft_target == "steps" else STEP_OK * len(steps)
 
 

@@ -21,7 +21,10 @@ TIPS (DESIGN, ../shared/methods/llm.md §3; the paper is not available to us): a
 step; the final verdict is *derived*, "incorrect" iff some step is flagged, and the RL reward is
 1[final verdict == outcome label], where the outcome label only says whether the solution's final answer is
 right. The ProcessBench prediction is the first flagged step (or -1). Verdict text: one character per step,
-'+' (step correct) or '-' (step wrong), e.g. "++-+" flags step 2 of 4.
+'+' (step correct) or '-' (step wrong), e.g. "++-+" flags step 2 of 4. A *worked* verdict writes the verifier's
+own check before each character: the step undone and the number it must give back, "38+14=52:55-28+10=38:38+"
+(for "55-14=38-10=28": step 0 does not check out, step 1 does). Only the characters after the values count, so both forms grade alike; the worked form
+lets a small model compute before it judges (the synthetic chains' `sft_target="checks"`, experiments/tips).
 
 Rewards (registry `REWARDS`; the process match needs the step count, so the example's `answer` is
 "<label>/<number of steps>", see `parse_answer`):
@@ -34,6 +37,7 @@ reward pays for.
 """
 from __future__ import annotations
 
+import re
 from typing import Mapping, Optional, Sequence
 
 import jax.numpy as jnp
@@ -46,6 +50,8 @@ from rlkit.rewards.verifier import RewardFn, check_float, register_reward
 NO_ERROR = -1     # ProcessBench's label for a solution whose every step is correct
 MALFORMED = -2    # the prediction of a verdict that does not parse: never equals a label (>= -1)
 STEP_OK, STEP_WRONG = "+", "-"
+_WORKED_STEP = r"\d+[+-]\d+=-?\d+:\d+([+-])"     # a worked verdict's check: "38+14=52:55", then the verdict
+_WORKED = re.compile(f"(?:{_WORKED_STEP})+")
 
 # ----------------------------------------------------------------------------------------------------------
 # ProcessBench metric (host numpy). Everything is computed from four counts per subset, so several processes can
@@ -162,15 +168,27 @@ def first_flag(step_flags, step_mask) -> jnp.ndarray:
 # Verdict text and the answer string.
 
 
+def verdict_chars(text: str) -> Optional[str]:
+  """The verdict characters of a verdict text, stripped of outer whitespace: "++-+" as it is, a worked verdict
+  "38+14=52:55-28+10=38:38+" -> "-+" (module docstring); None for anything else (inner spaces, a check without its
+  verdict)."""
+  text = text.strip()
+  if not text:
+    return None
+  if set(text) <= {STEP_OK, STEP_WRONG}:
+    return text
+  return "".join(re.findall(_WORKED_STEP, text)) if _WORKED.fullmatch(text) else None
+
+
 def parse_verdicts(text: str, n_steps: int) -> Optional[list[int]]:
-  """"++-+" -> [0, 0, 1, 0] (1 = step judged wrong, as `step_flags`); None unless the text, stripped of outer
-  whitespace, is exactly `n_steps` characters each '+' or '-' (inner spaces are malformed)."""
+  """"++-+" (or the worked "8-3=5:5+12-4=8:8+14-1=13:12-11-2=9:9+") -> [0, 0, 1, 0] (1 = step judged wrong, as `step_flags`); None
+  unless the text, stripped of outer whitespace, holds exactly `n_steps` verdicts in one of the two forms."""
   if n_steps < 1:
     raise ValueError(f"parse_verdicts: n_steps must be >= 1, got {n_steps}.")
-  text = text.strip()
-  if len(text) != n_steps or not set(text) <= {STEP_OK, STEP_WRONG}:
+  chars = verdict_chars(text)
+  if chars is None or len(chars) != n_steps:
     return None
-  return [int(c == STEP_WRONG) for c in text]
+  return [int(c == STEP_WRONG) for c in chars]
 
 
 def predicted_index(text: str, n_steps: int) -> int:

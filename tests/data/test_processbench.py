@@ -12,7 +12,7 @@ import pytest
 
 from rlkit.data import make_task
 from rlkit.data.processbench import (SUBSETS, ProcessBenchChains, final_answer_baseline, load_processbench,
-                                     step_verdicts, synthetic_processbench)
+                                     step_checks, step_verdicts, synthetic_processbench, worked_verdicts)
 from rlkit.data.splits import generate_splits
 from rlkit.models.tokenizer import DEFAULT_ALPHABET
 from rlkit.rewards.prm import MALFORMED, parse_answer, predicted_index, processbench_metrics
@@ -285,6 +285,23 @@ def test_final_answer_baseline_cannot_localise(chains):
   assert oracle["f1"] == 100.0 and m["f1"] < oracle["f1"]
 
 
+@pytest.mark.parametrize("op", ["+", "-"])
+def test_checks_target_writes_each_step_undone_then_its_verdict(op):
+  """The worked demonstration grades as the step labels do, and each check is the step undone: the value the
+  verifier computes is nowhere in the chain's text unless the step is right."""
+  rng = np.random.default_rng(4)
+  task = make_task("processbench_chains", op=op, sft_target="checks")
+  for _ in range(50):
+    example = task.make_example(rng)
+    target = task.demonstration(example)
+    assert task.extract_answer(target) == step_verdicts(example["steps"])
+    assert task.verify(target, example["answer"]) == 1.0
+  undo = {"+": "-", "-": "+"}[op]
+  assert worked_verdicts(["55-14=38", "38-10=28"]) == "38+14=52:55-28+10=38:38+"
+  assert worked_verdicts(["5+3=8", "8+4=13"]) == "8-3=5:5+13-4=9:8-"
+  assert all(undo in check for check, _ in step_checks(example["steps"]))
+
+
 def test_format_target_teaches_the_verdict_form_without_error_information():
   rng = np.random.default_rng(3)
   task = make_task("processbench_chains", sft_target="format")
@@ -293,5 +310,5 @@ def test_format_target_teaches_the_verdict_form_without_error_information():
     target = task.demonstration(example)
     assert target == "+" * len(example["steps"])
     assert task.verify(target, example["answer"]) == float(example["label"] == -1)
-  with pytest.raises(ValueError, match="sft_target must be 'steps'"):
+  with pytest.raises(ValueError, match="sft_target must be one of"):
     make_task("processbench_chains", sft_target="labels")

@@ -10,7 +10,7 @@ import pytest
 
 from configs.graft import MODELS, OVERLAPS, STEPS as GRAFT_STEPS
 from configs.rquest import ARMS as RQUEST_ARMS, GATE_STEPS, PROPOSER_SFT_STEPS, STEPS as RQUEST_STEPS
-from configs.tips import RL_STEPS, SUPERVISED_STEPS
+from configs.tips import RL_STEPS, START_STEPS, SUPERVISED_STEPS
 from experiments import gate as gate_module
 from experiments.driver import finished
 from experiments.graft import run as graft_run, summarize as graft_summary
@@ -52,13 +52,14 @@ class Launches:
   writes their workdirs with `make(name)`."""
 
   def __init__(self, make):
-    self.names, self.make = [], make
+    self.names, self.args, self.make = [], {}, make
 
   def __call__(self, root, path, config, args, lock, dry_run, tag, **record):
     name = os.path.basename(path)
     if finished(path):
       return 0
     self.names.append(name)
+    self.args[name] = list(args)
     if not dry_run:
       self.make(name, path)
       with open(os.path.join(root, "runs.jsonl"), "a") as f:
@@ -126,7 +127,9 @@ def test_tips_gate_is_the_supervised_verifier_above_both_floors(tmp_path, capsys
                                                                       "eval/processbench_nontrap/f1": 33.0})
 
   def make(name, path):
-    if name.startswith("supervised"):
+    if name.startswith("start"):
+      _tips_run(path, "sft", START_STEPS, 5.0, 80.0)
+    elif name.startswith("supervised"):
       _tips_run(path, "sft", SUPERVISED_STEPS, 20.0, supervised_f1)
     else:
       _tips_run(path, "rl", RL_STEPS, 20.0, 45.0)
@@ -134,20 +137,23 @@ def test_tips_gate_is_the_supervised_verifier_above_both_floors(tmp_path, capsys
   launches = Launches(make)
   monkeypatch.setattr(tips_run, "launch", launches)
   rc = tips_run.main([f"--root={root}", f"--archive={archive}"])
-  assert launches.names[:3] == ["supervised_s0", "supervised_s1", "supervised_s2"]
+  assert launches.names[:4] == ["start_s0", "supervised_s0", "supervised_s1", "supervised_s2"]
   assert json.loads((archive / "gate.json").read_text())["passed"] == passed
   if not passed:
-    assert rc == gate_module.GATE_FAILED and len(launches.names) == 3
+    assert rc == gate_module.GATE_FAILED and len(launches.names) == 4
     return
-  assert rc == 0 and launches.names[3:] == ["outcome_s0", "outcome_s1", "outcome_s2"]
+  assert rc == 0 and launches.names[4:] == ["outcome_s0", "outcome_s1", "outcome_s2"]
+  assert launches.args["start_s0"] == ["--config.seed=0"]       # from the base; both arms from the start policy
+  assert launches.args["outcome_s2"] == ["--config.seed=2", f"--config.model.path={root / 'start_s0'}"]
   assert (archive / "final_answer_s2.json").exists()
   tips_summary.main([f"--root={archive}"])
   out = capsys.readouterr().out
   assert "| s0: supervised F1 - final-answer F1 | 33 | >= 10 | ok |" in out
   assert "| 0 | 0.750 | +18.0 | +25.0 | +0.000 |" in out
   assert "2. outcome's non-trap F1 >= 0.8 x supervised's (means over seeds): ratio 0.750, not met" in out
-  assert "3. outcome above the final-answer baseline by > 10 points (mean) and above the base in every seed: " \
-         "+18.0 points, above the base in every seed: supported" in out
+  assert "| start policy's F1 on its running-sum chains | 80 | >= 50 | ok |" in out
+  assert "3. outcome above the final-answer baseline by > 10 points (mean) and above the start in every seed: " \
+         "+18.0 points, above the start in every seed: supported" in out
 
 
 def _rquest_run(path, steps, acc_end, invalid, label_correct=0.5):

@@ -165,6 +165,10 @@ def test_tips_reward_is_the_derived_verdict_of_first_flag_and_jits():
     ("++-+", 4, [0, 0, 1, 0]), (" ++-+\n", 4, [0, 0, 1, 0]), ("+", 1, [0]), ("---", 3, [1, 1, 1]),
     ("++-", 4, None), ("++-+-", 4, None), ("+ +-+", 4, None), ("++x+", 4, None), ("", 2, None), ("  ", 1, None),
     ("++−+", 4, None),                     # a Unicode minus is not '-'
+    # worked verdicts: each step's check ("c+b=v:a"), then its verdict; only the verdicts count
+    ("38+14=52:55-28+10=38:38+", 2, [1, 0]), (" 8-3=5:5+12-4=-8:8-\n", 2, [0, 1]),
+    ("38+14=52:55-", 2, None), ("38+14=52:55", 1, None), ("38+14=52-", 1, None), ("52:55-", 1, None),
+    ("38+14=52:55-+", 2, None),            # the two forms do not mix
 ])
 def test_parse_verdicts(text, n, flags):
   assert parse_verdicts(text, n) == flags
