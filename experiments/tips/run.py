@@ -38,7 +38,8 @@ ARMS = ("supervised", "outcome")
 START = "start_s0"         # the start policy's workdir under DIR (both arms start from it)
 START_F1 = 50.0            # G0: the start policy verifies its own chains (the final-answer floor is ~30)
 ARCHIVE = "experiments/tips/runs"
-KEYS = ("stage", "step", "step_s", "at_stage_start", "eval/", "reward", "entropy", "response_len")
+KEYS = ("stage", "step", "step_s", "at_stage_start", "eval/", "reward", "reward/", "informative_groups", "entropy",
+        "response_len")
 F1 = "eval/processbench/f1"
 GATE_MARGIN = 10.0         # F1 points (ProcessBench's F1 is in percent)
 

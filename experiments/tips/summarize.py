@@ -32,6 +32,26 @@ def start_row(root: str, seed: int):
   return rows[0] if rows else None
 
 
+def training_signal(root: str, seeds) -> None:
+  """What the outcome arm learned from, per seed: its reward and the share of groups whose rewards differ (GRPO
+  learns from those only), over all iterations; and start_signal.json's sample of the start policy, where archived."""
+  lines = []
+  for seed in seeds:
+    path = os.path.join(root, f"outcome_s{seed}", "metrics.jsonl")
+    rows = [r for r in read_metrics(path) if "informative_groups" in r] if os.path.exists(path) else []
+    if rows:
+      informative = np.array([r["informative_groups"] for r in rows])
+      lines.append(f"| {seed} | {len(rows)} | {np.mean([r['reward'] for r in rows]):.4f} | {informative.mean():.4f} | "
+                   f"{int((informative > 0).sum())} |")
+  if lines:
+    print("\nThe outcome arm's training signal (all iterations, per seed):\n\n| seed | iterations | mean reward | "
+          "informative groups (share) | iterations with any |\n|---|---|---|---|---|\n" + "\n".join(lines))
+  if os.path.exists(sampled := os.path.join(root, "start_signal.json")):
+    s = read_json(sampled)
+    print(f"\nThe start policy sampled as the outcome arm samples (start_signal.py, {s['verdicts']} verdicts): well formed "
+          f"{s['well_formed']:.3f}, paid {s['paid']:.3f}, informative groups {s['informative_groups']:.3f}")
+
+
 def verdicts(runs: dict, baseline: dict, base: dict, seeds) -> None:
   """The README's predictions 2-4, from each arm's last evaluation (prediction 1 is the gate)."""
   last = {arm: {s: {k: r["values"][k][-1] for k in METRICS.values()} for s, r in by.items() if r["steps"]}
@@ -74,6 +94,7 @@ def main(argv=None) -> None:
       print(f"| | {','.join(map(str, rows))} | " +
             " | ".join(spread([r.get(k, np.nan) for r in rows.values()]) for k in METRICS.values()) + " |\n")
   runs = summarize(args.root, ARMS, seeds, METRICS, summary_path(args.out, args.root, "curves.png"), "tips", base="")
+  training_signal(args.root, seeds)
   verdicts(runs, baseline, base, seeds)
 
 

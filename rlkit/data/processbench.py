@@ -208,7 +208,7 @@ def step_checks(steps: list[str]) -> list[tuple[str, str]]:
   for step in steps:
     m = _STEP.match(step)
     if m is None:
-      raise ValueError(f"step_verdicts: {step!r} is not a running-sum step 'a+b=c' (or 'a-b=c'); only synthetic "
+      raise ValueError(f"step_checks: {step!r} is not a running-sum step 'a+b=c' (or 'a-b=c'); only synthetic "
                        "chains (synthetic_processbench, processbench_chains) have per-step labels.")
     a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
     inverse, undone = ("-", c - b) if op == "+" else ("+", c + b)

@@ -23,8 +23,9 @@ step; the final verdict is *derived*, "incorrect" iff some step is flagged, and 
 right. The ProcessBench prediction is the first flagged step (or -1). Verdict text: one character per step,
 '+' (step correct) or '-' (step wrong), e.g. "++-+" flags step 2 of 4. A *worked* verdict writes the verifier's
 own check before each character: the step undone and the number it must give back, "38+14=52:55-28+10=38:38+"
-(for "55-14=38-10=28": step 0 does not check out, step 1 does). Only the characters after the values count, so both forms grade alike; the worked form
-lets a small model compute before it judges (the synthetic chains' `sft_target="checks"`, experiments/tips).
+(for "55-14=38-10=28": step 0 does not check out, step 1 does). Only the verdict characters count, so both
+forms grade alike; the worked form lets a small model compute before it judges (the synthetic chains'
+`sft_target="checks"`, experiments/tips).
 
 Rewards (registry `REWARDS`; the process match needs the step count, so the example's `answer` is
 "<label>/<number of steps>", see `parse_answer`):
@@ -181,8 +182,9 @@ def verdict_chars(text: str) -> Optional[str]:
 
 
 def parse_verdicts(text: str, n_steps: int) -> Optional[list[int]]:
-  """"++-+" (or the worked "8-3=5:5+12-4=8:8+14-1=13:12-11-2=9:9+") -> [0, 0, 1, 0] (1 = step judged wrong, as `step_flags`); None
-  unless the text, stripped of outer whitespace, holds exactly `n_steps` verdicts in one of the two forms."""
+  """"++-+" (or the worked "8-3=5:5+12-4=8:8+14-1=13:12-11-2=9:9+") -> [0, 0, 1, 0] (1 = step judged wrong, as
+  `step_flags`); None unless the text, stripped of outer whitespace, holds exactly `n_steps` verdicts in one of
+  the two forms."""
   if n_steps < 1:
     raise ValueError(f"parse_verdicts: n_steps must be >= 1, got {n_steps}.")
   chars = verdict_chars(text)

@@ -116,7 +116,9 @@ def _tips_run(path, stage, steps, f1_start, f1_end):
   def ev(f1):
     return {"eval/accuracy": f1 / 100, "eval/processbench/f1": f1, "eval/processbench_nontrap/f1": f1,
             "eval/processbench_traps/accuracy": 0.1}
-  _workdir(path, stage, steps, [{"step": 1, "at_stage_start": True, **ev(f1_start)}, {"step": steps, **ev(f1_end)}])
+  train = [{"step": s, "step_s": 5.0, "reward": 0.5, "informative_groups": 0.25 * (s % 2)} for s in range(1, steps + 1)]
+  _workdir(path, stage, steps, [{"step": 1, "at_stage_start": True, **ev(f1_start)}, *train,
+                                {"step": steps, **ev(f1_end)}])
 
 
 @pytest.mark.parametrize("supervised_f1, passed", [(60.0, True), (30.0, False)])
@@ -152,6 +154,7 @@ def test_tips_gate_is_the_supervised_verifier_above_both_floors(tmp_path, capsys
   assert "| 0 | 0.750 | +18.0 | +25.0 | +0.000 |" in out
   assert "2. outcome's non-trap F1 >= 0.8 x supervised's (means over seeds): ratio 0.750, not met" in out
   assert "| start policy's F1 on its running-sum chains | 80 | >= 50 | ok |" in out
+  assert f"| 2 | {RL_STEPS} | 0.5000 | 0.1250 | {RL_STEPS // 2} |" in out      # the outcome arm's signal
   assert "3. outcome above the final-answer baseline by > 10 points (mean) and above the start in every seed: " \
          "+18.0 points, above the start in every seed: supported" in out
 
