@@ -222,3 +222,17 @@ def test_rquest_verdict_bounds_are_inclusive_despite_float_rounding():
   assert 0.03 - 0.01 < rquest_summary.GAIN_MIN
   assert rquest_summary.paired_verdict({0: 0.03 - 0.01, 1: 0.03 - 0.01}) == "supported"
   assert rquest_summary.paired_verdict({0: 0.018, 1: 0.018}) == "inconclusive"
+
+
+def test_tips_start_signal_scores_groups_as_the_outcome_reward_pays():
+  """start_signal's shares: malformed verdicts earn nothing and give a group no spread; a group whose verdicts
+  disagree on "some step is wrong" is informative."""
+  from configs.tips import RL_GROUP
+  from experiments.tips.start_signal import score_groups
+  wrong_final = {"answer": "1/2", "final_answer_correct": False}       # step 1 of 2 is wrong, so is the answer
+  right_final = {"answer": "-1/2", "final_answer_correct": True}
+  flag, clean, bad = "38+14=52:52+28+10=39:38-", "++", "38+14=52:"
+  texts = [flag] * RL_GROUP + [bad] * RL_GROUP + [clean] + [flag] * (RL_GROUP - 1)
+  formed, paid, informative = score_groups([wrong_final, wrong_final, right_final], texts)
+  assert sum(formed) == 2 * RL_GROUP and paid[:RL_GROUP] == [1.0] * RL_GROUP and sum(paid[RL_GROUP:]) == 1.0
+  assert informative == [0.0, 0.0, 1.0]
