@@ -13,7 +13,21 @@ PRESETS = {"sft1000": (1_000, 3e-4, "-", "steps"), "sft1000_hi": (1_000, 1e-3, "
            "checks250": (250, 3e-4, "-", "checks")}   # worked verdicts: each step undone, compared, then its verdict
 
 
+# A start for a third design: worked step labels of running sums beside worked checks of *correct* running
+# differences only (every verdict '+': how a difference is undone, and no label of a wrong difference step).
+MIXED_START = {"sums": {"task": "processbench_chains", "weight": 1.0,
+                        "kwargs": {"op": "+", "subsets": tips.SUBSETS, "sft_target": "checks"}},
+               "differences": {"task": "processbench_chains", "weight": 1.0,
+                               "kwargs": {"op": "-", "subsets": tips.SUBSETS, "sft_target": "checks",
+                                          "error_frac": 0.0}}}
+PRESETS["mixed_start"] = (tips.START_STEPS, 3e-4, "+ and -", "checks")    # configs/tips.py's start, on MIXED_START
+
+
 def get_config(arg=None):
+  if arg == "mixed_start":
+    c = tips.get_config("start")
+    c.task.name, c.task.kwargs = "mixture", {"skills": MIXED_START}
+    return c
   if arg not in PRESETS:
     raise ValueError(f"Unknown preset {arg!r} for the tips probe; choose one of {', '.join(PRESETS)}.")
   c = tips.get_config("supervised")
