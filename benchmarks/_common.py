@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from rlkit.models.transformer import TransformerConfig
 from rlkit.parallel.host_memory import reexec_with_tuned_malloc
+from rlkit.parallel.mesh import usable_cores
 
 SIZES = {
     "S": TransformerConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
@@ -75,12 +76,8 @@ def cpu_info(cpuinfo: str | None = None) -> dict:
     if sep:
       fields.setdefault(key.strip(), value.strip())      # the first processor's
   flags = (fields.get("flags") or fields.get("Features") or "").split()
-  try:
-    cores = len(os.sched_getaffinity(0))
-  except (AttributeError, OSError):
-    cores = os.cpu_count()
   return {"cpu": fields.get("model name") or platform.processor() or platform.machine() or "unknown",
-          "cpu_isa": isa_summary(flags), "cpu_cores": cores}
+          "cpu_isa": isa_summary(flags), "cpu_cores": usable_cores()}
 
 
 def add_tuned_malloc_arg(parser: argparse.ArgumentParser) -> None:

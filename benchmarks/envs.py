@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 from benchmarks._common import commit, cpu_info, interleaved_median_times  # noqa: E402
 from rlkit.envs import make_env  # noqa: E402
 from rlkit.envs import reacher  # noqa: E402
+from rlkit.parallel.mesh import usable_cores  # noqa: E402
 
 
 def mjx_fns(batch: int, controls: np.ndarray):
@@ -84,7 +85,7 @@ def main(argv=None) -> list:
   p.add_argument("--steps", type=int, default=100)
   p.add_argument("--reps", type=int, default=5)
   args = p.parse_args(argv)
-  threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  threads = usable_cores()
   lines = []
   for batch in (int(b) for b in args.batch.split(",")):
     controls = np.random.default_rng(batch).uniform(-1, 1, (batch, args.steps, 2))

@@ -116,8 +116,7 @@ def set_cpu_devices(n: int) -> None:
     raise ValueError(f"cpu_devices={n} must be >= 0 (0 keeps JAX's default).")
   if n == 0:
     return
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)   # macOS
-  threads = pool_threads(n, cores, os.environ)
+  threads = pool_threads(n, usable_cores(), os.environ)
   if threads is not None:
     os.environ["NPROC"] = threads
   try:
@@ -128,6 +127,15 @@ def set_cpu_devices(n: int) -> None:
 
 
 SPARE_POOL_THREADS = 2
+
+
+def usable_cores() -> int:
+  """The cores this process may run on: its CPU affinity where the OS has one (Linux), else the machine's count
+  (macOS)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
 
 
 def pool_threads(devices: int, cores: int, environ: Mapping[str, str]) -> Optional[str]:
